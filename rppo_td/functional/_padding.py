@@ -1,0 +1,81 @@
+"""Right-padding and unpadding of per-step tensors by gather and scatter."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["pad_sequences", "padding_positions", "unpad_sequences"]
+
+
+def padding_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Flat positions of the padding in ``[N, Lp]``.
+
+    Args:
+        loss_mask: ``[N, Lp]`` bool.
+
+    Returns:
+        ``[P]`` int64, indices into ``N * Lp``.
+    """
+    return (~loss_mask).flatten().nonzero().squeeze(1)
+
+
+def pad_sequences(
+    x: torch.Tensor,
+    flat_index: torch.Tensor,
+    pad_positions: torch.Tensor,
+    *,
+    batch_dims: int = 2,
+) -> torch.Tensor:
+    """Regroups per-step values into right-padded sequences, padding with zeros.
+
+    One ``index_select`` (a gather, which needs no zero-filled output) and a zero fill of the
+    padding rows only.
+
+    Args:
+        x: ``[W, T, *F]`` any dtype (``batch_dims`` leading dims are flattened to steps).
+        flat_index: ``[B, Lp]`` int64, positions in the flattened steps (``sequence_layout``).
+        pad_positions: ``[P]`` int64, flat padding positions in ``B * Lp``
+            (``padding_positions``).
+        batch_dims: how many leading dims of ``x`` index steps.
+
+    Returns:
+        ``[B, Lp, *F]``, the dtype of ``x``; zero where padded.
+
+    Example:
+        >>> from rppo_td.functional import chunk_episodes, sequence_layout
+        >>> sid, off = chunk_episodes(torch.tensor([[True, False, True]]), None)
+        >>> idx, mask = sequence_layout(sid, off)
+        >>> pad_sequences(torch.tensor([[1, 2, 3]]), idx, padding_positions(mask))
+        tensor([[1, 2],
+                [3, 0]])
+    """
+    feature = x.shape[batch_dims:]
+    steps = x.reshape(-1, *feature)
+    out = steps.index_select(0, flat_index.flatten())
+    if pad_positions.numel():
+        out.index_fill_(0, pad_positions, 0)
+    return out.view(*flat_index.shape, *feature)
+
+
+def unpad_sequences(
+    padded: torch.Tensor,
+    flat_destination: torch.Tensor,
+    real_positions: torch.Tensor,
+    num_steps: int,
+) -> torch.Tensor:
+    """Scatters the real steps of padded sequences back to flat rollout order.
+
+    Args:
+        padded: ``[N, Lp, *F]`` any dtype.
+        flat_destination: ``[R]`` int64, the flat rollout position (``w * T + t``) of each real
+            step, in the order of ``real_positions``.
+        real_positions: ``[R]`` int64, flat positions of the real steps in ``N * Lp``.
+        num_steps: ``W * T``; must equal ``R`` for an exact inverse.
+
+    Returns:
+        ``[W * T, *F]``, the dtype of ``padded``.
+    """
+    feature = padded.shape[2:]
+    real = padded.reshape(-1, *feature).index_select(0, real_positions)
+    out = real.new_empty((num_steps, *feature))
+    return out.index_copy_(0, flat_destination, real)

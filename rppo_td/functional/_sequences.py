@@ -1,0 +1,160 @@
+"""Episode and sequence indexing by whole-tensor index arithmetic.
+
+A rollout ``[W, T]`` is read in row-major order (worker by worker, time within worker). Every
+worker row starts a new episode fragment, so no id ever spans two workers. Nothing here loops
+over workers, episodes or sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rppo_td._validation import check_dtype
+
+__all__ = [
+    "chunk_episodes",
+    "episode_ids",
+    "episode_starts",
+    "sequence_layout",
+]
+
+
+def episode_starts(done: torch.Tensor, is_init: torch.Tensor | None = None) -> torch.Tensor:
+    """Marks the first step of every episode fragment in a ``[W, T]`` rollout.
+
+    A step starts a fragment when it is the first step of its worker's row, when the previous
+    step was done, or when ``is_init`` says so.
+
+    Args:
+        done: ``[W, T]`` bool, ``("next", "done")`` without its trailing 1.
+        is_init: optional ``[W, T]`` bool.
+
+    Returns:
+        ``[W, T]`` bool.
+
+    Example:
+        >>> done = torch.tensor([[False, True, False, False]])
+        >>> episode_starts(done)
+        tensor([[ True, False,  True, False]])
+    """
+    if done.ndim != 2:
+        raise ValueError(f"done must have shape [W, T], got {list(done.shape)}")
+    check_dtype("done", done, torch.bool)
+    start = torch.empty_like(done)
+    start[:, 0] = True
+    start[:, 1:] = done[:, :-1]
+    if is_init is not None:
+        if is_init.shape != done.shape:
+            raise ValueError(
+                f"is_init must have shape {list(done.shape)} like done, got {list(is_init.shape)}"
+            )
+        check_dtype("is_init", is_init, torch.bool)
+        start |= is_init
+    return start
+
+
+def episode_ids(start: torch.Tensor) -> torch.Tensor:
+    """Numbers episode fragments ``0, 1, ...`` in row-major order.
+
+    Args:
+        start: ``[W, T]`` bool, True at each fragment's first step (``episode_starts``).
+
+    Returns:
+        ``[W, T]`` int64.
+
+    Example:
+        >>> episode_ids(torch.tensor([[True, False, True], [True, True, False]]))
+        tensor([[0, 0, 1],
+                [2, 3, 3]])
+    """
+    return (start.flatten().cumsum(0) - 1).view(start.shape)
+
+
+def chunk_episodes(
+    start: torch.Tensor, sequence_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cuts every episode fragment into sequences of at most ``sequence_length`` steps.
+
+    A step's position in its fragment is its flat index minus the flat index of the fragment's
+    start (a running ``cummax``); a sequence starts where that position is a multiple of
+    ``sequence_length``.
+
+    Args:
+        start: ``[W, T]`` bool, True at each fragment's first step. Column 0 must be True.
+        sequence_length: ``L >= 1``, or None for whole fragments.
+
+    Returns:
+        ``(sequence_id, sequence_offset)``, each ``[W, T]`` int64: the row-major sequence number
+        and the step's position in its sequence.
+
+    Example:
+        >>> start = torch.tensor([[True, False, False, True, False]])
+        >>> chunk_episodes(start, 2)
+        (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
+    """
+    if sequence_length is not None and (
+        isinstance(sequence_length, bool) or int(sequence_length) != sequence_length
+        or sequence_length < 1
+    ):
+        raise ValueError(f"sequence_length must be an int >= 1 or None, got {sequence_length!r}")
+    flat = start.flatten()
+    arange = torch.arange(flat.numel(), device=flat.device)
+    fragment_first = torch.where(flat, arange, 0).cummax(0).values
+    position = arange - fragment_first
+    if sequence_length is None:
+        offset = position
+        seq_start = flat
+    else:
+        offset = position % int(sequence_length)
+        seq_start = offset == 0
+    sequence_id = seq_start.cumsum(0) - 1
+    return sequence_id.view(start.shape), offset.view(start.shape)
+
+
+def sequence_layout(
+    sequence_id: torch.Tensor, sequence_offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The index map from padded sequences ``[N, Lp]`` to flat rollout steps ``[W * T]``.
+
+    ``N`` is the number of sequences and ``Lp`` the longest one; both are read with one device
+    synchronisation.
+
+    Args:
+        sequence_id: ``[W, T]`` int64 from ``chunk_episodes``.
+        sequence_offset: ``[W, T]`` int64 from ``chunk_episodes``.
+
+    Returns:
+        ``(flat_index, loss_mask)``, each ``[N, Lp]``: int64 positions in the flattened rollout
+        (0 on padding) and bool, True on real steps (a True prefix per row).
+
+    Example:
+        >>> sid, off = chunk_episodes(torch.tensor([[True, False, False, True]]), 2)
+        >>> flat_index, mask = sequence_layout(sid, off)
+        >>> flat_index
+        tensor([[0, 1],
+                [2, 0],
+                [3, 0]])
+        >>> mask
+        tensor([[ True,  True],
+                [ True, False],
+                [ True, False]])
+    """
+    if sequence_id.shape != sequence_offset.shape or sequence_id.ndim != 2:
+        raise ValueError(
+            "sequence_id and sequence_offset must both have shape [W, T], got "
+            f"{list(sequence_id.shape)} and {list(sequence_offset.shape)}"
+        )
+    check_dtype("sequence_id", sequence_id, torch.int64)
+    check_dtype("sequence_offset", sequence_offset, torch.int64)
+    num_sequences, padded_length = (
+        torch.stack([sequence_id[-1, -1] + 1, sequence_offset.max() + 1]).tolist()
+    )
+    dest = (sequence_id * padded_length + sequence_offset).flatten()
+    size = num_sequences * padded_length
+    device = sequence_id.device
+    flat_index = torch.zeros(size, dtype=torch.int64, device=device)
+    flat_index[dest] = torch.arange(dest.numel(), device=device)
+    loss_mask = torch.zeros(size, dtype=torch.bool, device=device)
+    loss_mask[dest] = True
+    shape = (num_sequences, padded_length)
+    return flat_index.view(shape), loss_mask.view(shape)

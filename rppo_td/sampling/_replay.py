@@ -1,0 +1,131 @@
+"""SequenceReplaySampler: SequenceSampler's epochs as a TorchRL replay-buffer Sampler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
+
+from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
+from rppo_td.functional._minibatch import balanced_minibatches
+from rppo_td.sampling._sampler import Balance, check_minibatch_args
+
+__all__ = ["SequenceReplaySampler"]
+
+
+class SequenceReplaySampler(Sampler):
+    """A ``torchrl.data.ReplayBuffer`` sampler over stored padded sequences.
+
+    The buffer's storage holds sequences ``[Lp]`` (extend it with a padded ``[N, Lp]``
+    tensordict and a 1-dim storage). Each epoch is cut into ``num_minibatches`` groups, balanced
+    by real steps (``loss_mask``) or by count, as ``SequenceSampler`` does; each ``sample()``
+    returns the next group, so the ``batch_size`` that ``ReplayBuffer.sample`` requires is
+    ignored. After the last
+    group ``ran_out`` is True and the next ``sample()`` starts a new epoch.
+
+    Args:
+        num_minibatches: ``M >= 1`` groups per epoch.
+        generator: source of the order; None uses the buffer's generator, else torch's global.
+        balance: ``"steps"`` or ``"sequences"``.
+        keys: key overrides (``loss_mask``).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool()
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(4),
+        ...                   sampler=SequenceReplaySampler(2, generator=torch.Generator()))
+        >>> _ = rb.extend(TensorDict({"loss_mask": mask}, batch_size=[4, 3]))
+        >>> # sample()'s batch_size is required by ReplayBuffer but the epoch plan sets the size
+        >>> [int(rb.sample(1)["loss_mask"].sum()) for _ in range(2)]
+        [5, 4]
+    """
+
+    def __init__(
+        self,
+        num_minibatches: int,
+        *,
+        generator: torch.Generator | None = None,
+        balance: Balance = "steps",
+        keys: RolloutKeys | None = None,
+    ) -> None:
+        check_minibatch_args(num_minibatches, balance)
+        self.num_minibatches = num_minibatches
+        self.generator = generator
+        self.balance: Balance = balance
+        self.keys = keys if keys is not None else DEFAULT_KEYS
+        self._plan: list[torch.Tensor] = []
+        self._next = 0
+
+    def sample(self, storage: Storage, batch_size: int | None = None) -> tuple[Any, dict]:
+        """Returns the next group of sequence indices into ``storage`` and an empty info."""
+        if self._next >= len(self._plan):
+            self._plan = self._draw_epoch(storage)
+            self._next = 0
+        index = self._plan[self._next]
+        self._next += 1
+        return index, {}
+
+    def _draw_epoch(self, storage: Storage) -> list[torch.Tensor]:
+        count = len(storage)
+        if count == 0:
+            raise RuntimeError("SequenceReplaySampler cannot sample from an empty storage")
+        stored = storage.get(torch.arange(count))
+        mask = stored.get(self.keys.loss_mask, None)
+        if mask is None:
+            raise KeyError(
+                f"SequenceReplaySampler needs {self.keys.loss_mask!r} in the stored sequences "
+                "(store SequencePadder's output)"
+            )
+        if mask.ndim != 2 or mask.dtype != torch.bool:
+            raise ValueError(
+                f"{self.keys.loss_mask!r} must be [N, Lp] bool in storage, got "
+                f"{list(mask.shape)} {mask.dtype}"
+            )
+        generator = self.generator if self.generator is not None else self._rng
+        groups = balanced_minibatches(
+            mask.sum(-1), self.num_minibatches, generator=generator, balance=self.balance
+        )
+        return [g.cpu() for g in groups]
+
+    @property
+    def ran_out(self) -> bool:
+        """True once every group of the current epoch has been returned."""
+        return bool(self._plan) and self._next >= len(self._plan)
+
+    def _empty(self) -> None:
+        self._plan = []
+        self._next = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position in the current epoch."""
+        return {"plan": [g.clone() for g in self._plan], "next": self._next}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores ``state_dict()``'s output."""
+        self._plan = [torch.as_tensor(g) for g in state_dict["plan"]]
+        self._next = int(state_dict["next"])
+
+    def dumps(self, path: str | Path) -> None:
+        """Writes the epoch position to ``path/sampler_metadata.json``."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = {"plan": [g.tolist() for g in self._plan], "next": self._next}
+        (path / "sampler_metadata.json").write_text(json.dumps(meta))
+
+    def loads(self, path: str | Path) -> None:
+        """Reads what ``dumps`` wrote."""
+        meta = json.loads((Path(path) / "sampler_metadata.json").read_text())
+        self._plan = [torch.tensor(g, dtype=torch.int64) for g in meta["plan"]]
+        self._next = int(meta["next"])
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_minibatches={self.num_minibatches}, "
+            f"balance={self.balance!r})"
+        )

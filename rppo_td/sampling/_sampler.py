@@ -1,0 +1,105 @@
+"""SequenceSampler: one epoch of whole-sequence minibatches."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from tensordict import TensorDictBase
+
+from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
+from rppo_td._validation import check_dtype, check_shape, get_key
+from rppo_td.functional._minibatch import balanced_minibatches
+from rppo_td.transforms._layout import SequenceLayout
+
+__all__ = ["SequenceSampler"]
+
+Balance = Literal["steps", "sequences"]
+
+
+def check_minibatch_args(num_minibatches: int, balance: str) -> None:
+    """Constructor checks shared by both samplers."""
+    if isinstance(num_minibatches, bool) or not isinstance(num_minibatches, int):
+        raise ValueError(f"num_minibatches must be an int, got {num_minibatches!r}")
+    if num_minibatches < 1:
+        raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
+    if balance not in ("steps", "sequences"):
+        raise ValueError(f"balance must be 'steps' or 'sequences', got {balance!r}")
+
+
+class SequenceSampler:
+    """Yields one epoch of minibatches made of whole sequences.
+
+    ``for mb in sampler(td)`` yields ``num_minibatches`` tensordicts of batch ``[B_i, Lp]``;
+    every sequence appears in exactly one of them, in an order drawn from ``generator``.
+    With ``balance="steps"`` (default) the minibatches hold equal numbers of *real* steps, give
+    or take one sequence at each cut; ``balance="sequences"`` splits by sequence count instead.
+
+    ``td`` is either padded sequences ``[N, Lp]`` (``SequencePadder``'s output, with
+    ``loss_mask``), indexed per minibatch, or a chunked ``[W, T]`` rollout (``sequence_id`` and
+    ``sequence_offset`` from ``SequenceChunker``, no ``loss_mask``): then each minibatch is
+    gathered straight from the rollout and no padded copy of the whole rollout is made.
+    Both give the same minibatches for the same generator state.
+
+    Args:
+        num_minibatches: ``M >= 1``; at most the number of sequences.
+        generator: source of the order (CPU or the data's device); None uses torch's global one.
+        balance: ``"steps"`` or ``"sequences"``.
+        keys: key overrides.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]).bool()
+        >>> padded = TensorDict({"loss_mask": mask}, batch_size=[4, 4])
+        >>> sampler = SequenceSampler(num_minibatches=2, generator=torch.Generator().manual_seed(0))
+        >>> [(tuple(mb.batch_size), int(mb["loss_mask"].sum())) for mb in sampler(padded)]
+        [((2, 4), 5), ((2, 4), 5)]
+    """
+
+    def __init__(
+        self,
+        num_minibatches: int,
+        *,
+        generator: torch.Generator | None = None,
+        balance: Balance = "steps",
+        keys: RolloutKeys | None = None,
+    ) -> None:
+        check_minibatch_args(num_minibatches, balance)
+        self.num_minibatches = num_minibatches
+        self.generator = generator
+        self.balance: Balance = balance
+        self.keys = keys if keys is not None else DEFAULT_KEYS
+
+    def __call__(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
+        """Yields the minibatches of one epoch over ``td`` (see the class docstring)."""
+        if td.get(self.keys.loss_mask, None) is not None:
+            return self._from_padded(td)
+        return self._from_rollout(td)
+
+    def _groups(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+        if self.num_minibatches > lengths.shape[0]:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} exceeds the {lengths.shape[0]} "
+                "sequences available"
+            )
+        return balanced_minibatches(
+            lengths, self.num_minibatches, generator=self.generator, balance=self.balance
+        )
+
+    def _from_padded(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
+        if td.batch_dims != 2:
+            raise ValueError(
+                f"SequenceSampler expects padded sequences [N, Lp], got {list(td.batch_size)}"
+            )
+        mask = get_key(td, self.keys.loss_mask)
+        check_shape(self.keys.loss_mask, mask, td.batch_size)
+        check_dtype(self.keys.loss_mask, mask, torch.bool)
+        groups = self._groups(mask.sum(-1))
+        return (td[index] for index in groups)
+
+    def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
+        layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler")
+        groups = self._groups(layout.lengths())
+        return (layout.gather(td, self.keys, index) for index in groups)

@@ -1,0 +1,16 @@
+"""TorchRL transforms over ``[W, T]`` rollouts, each a thin wrapper of ``rppo_td.functional``."""
+
+from rppo_td.transforms._device import DeviceMover
+from rppo_td.transforms._episodes import EpisodeSplitter, SequenceChunker
+from rppo_td.transforms._gae import GAE
+from rppo_td.transforms._layout import SequenceLayout
+from rppo_td.transforms._padder import SequencePadder
+
+__all__ = [
+    "GAE",
+    "DeviceMover",
+    "EpisodeSplitter",
+    "SequenceChunker",
+    "SequenceLayout",
+    "SequencePadder",
+]

@@ -1,0 +1,141 @@
+"""GAE as a TorchRL transform over ``[W, T]`` rollouts."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+from rppo_td._keys import RolloutKeys
+from rppo_td._validation import check_dtype, get_key, rollout_shape
+from rppo_td.functional._gae import check_gae_inputs, gae_unchecked
+from rppo_td.transforms._base import RolloutTransform
+
+__all__ = ["GAE"]
+
+
+class GAE(RolloutTransform):
+    """Writes ``advantage`` and ``value_target`` into a ``[W, T]`` rollout.
+
+    Batch ``[W, T] -> [W, T]``; adds ``advantage`` and ``value_target`` (``[W, T, 1]``, the
+    dtype of ``state_value``) in place and returns the same tensordict. Runs on the whole
+    rollout, before chunking, so sequence cuts never change an advantage.
+
+    The recursion is ``functional.generalized_advantage_estimate``'s: it bootstraps from
+    ``("next", "state_value")`` where a step is truncated and at the rollout's last step, never
+    where it is terminated. ``done`` is read from ``("next", "done")`` when present, else
+    ``terminated | truncated``.
+
+    Args:
+        gamma: discount in ``[0, 1]``.
+        lmbda: GAE lambda in ``[0, 1]``.
+        value_network: optional TensorDict module writing ``state_value``; called without
+            gradients on the rollout and on ``rollout["next"]`` for whichever of
+            ``state_value`` and ``("next", "state_value")`` is missing.
+        keys: key overrides.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> W, T = 2, 4
+        >>> td = TensorDict({
+        ...     "state_value": torch.zeros(W, T, 1),
+        ...     "next": {"reward": torch.ones(W, T, 1), "state_value": torch.zeros(W, T, 1),
+        ...              "terminated": torch.zeros(W, T, 1, dtype=torch.bool),
+        ...              "done": torch.zeros(W, T, 1, dtype=torch.bool)},
+        ... }, batch_size=[W, T])
+        >>> td = GAE(gamma=0.5, lmbda=1.0)(td)
+        >>> td["advantage"].shape, td["advantage"][0, :, 0]
+        (torch.Size([2, 4, 1]), tensor([1.8750, 1.7500, 1.5000, 1.0000]))
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float,
+        lmbda: float,
+        value_network: TensorDictModuleBase | None = None,
+        keys: RolloutKeys | None = None,
+    ) -> None:
+        super().__init__(keys=keys)
+        for label, value in (("gamma", gamma), ("lmbda", lmbda)):
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{label} must be in [0, 1], got {value}")
+        self.gamma = float(gamma)
+        self.lmbda = float(lmbda)
+        self.value_network = value_network
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.keys
+        rollout_shape(tensordict, "GAE")
+        self._fill_values(tensordict)
+        reward = get_key(tensordict, keys.reward)
+        value = get_key(tensordict, keys.state_value)
+        next_value = get_key(tensordict, keys.next_state_value)
+        terminated = get_key(tensordict, keys.terminated)
+        done = self._done(tensordict, terminated)
+        expected = (*tensordict.batch_size, 1)
+        if tuple(reward.shape) != expected:
+            raise ValueError(
+                f"{keys.reward!r} must have shape {list(expected)}, got {list(reward.shape)}"
+            )
+        check_gae_inputs(
+            {
+                repr(keys.reward): reward,
+                repr(keys.state_value): value,
+                repr(keys.next_state_value): next_value,
+                repr(keys.terminated): terminated,
+                repr(keys.done): done,
+            },
+            gamma=self.gamma,
+            lmbda=self.lmbda,
+        )
+        advantage, target = gae_unchecked(
+            reward, value, next_value, terminated, done, gamma=self.gamma, lmbda=self.lmbda
+        )
+        tensordict.set(keys.advantage, advantage)
+        tensordict.set(keys.value_target, target)
+        return tensordict
+
+    def _done(self, tensordict: TensorDictBase, terminated: torch.Tensor) -> torch.Tensor:
+        keys = self.keys
+        done = tensordict.get(keys.done, None)
+        if done is not None:
+            return done
+        truncated = tensordict.get(keys.truncated, None)
+        if truncated is None:
+            raise KeyError(
+                f"GAE needs {keys.done!r} or {keys.truncated!r} beside {keys.terminated!r}; "
+                "found neither"
+            )
+        check_dtype(keys.truncated, truncated, torch.bool)
+        check_dtype(keys.terminated, terminated, torch.bool)
+        if truncated.shape != terminated.shape:
+            raise ValueError(
+                f"{keys.truncated!r} must have shape {list(terminated.shape)}, "
+                f"got {list(truncated.shape)}"
+            )
+        return terminated | truncated
+
+    def _fill_values(self, tensordict: TensorDictBase) -> None:
+        keys = self.keys
+        missing_now = tensordict.get(keys.state_value, None) is None
+        missing_next = tensordict.get(keys.next_state_value, None) is None
+        if not (missing_now or missing_next) or self.value_network is None:
+            return
+        if _as_tuple(keys.next_state_value) != ("next", *_as_tuple(keys.state_value)):
+            raise KeyError(
+                f"GAE with a value_network computes {keys.next_state_value!r} by calling the "
+                f"network on tensordict['next']; it must be ('next', *{keys.state_value!r})"
+            )
+        with torch.no_grad():
+            if missing_now:
+                self.value_network(tensordict)
+            if missing_next:
+                next_td = tensordict.get("next")
+                self.value_network(next_td)
+                tensordict.set("next", next_td)
+
+
+def _as_tuple(key: NestedKey) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)

@@ -1,0 +1,82 @@
+"""The index map shared by SequencePadder and SequenceSampler's lazy path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from rppo_td._keys import RolloutKeys
+from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
+from rppo_td.functional._padding import pad_sequences, padding_positions
+from rppo_td.functional._sequences import sequence_layout
+
+__all__ = ["SequenceLayout"]
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Where each padded position ``[N, Lp]`` reads from in a ``[W, T]`` rollout.
+
+    Attributes:
+        flat_index: ``[N, Lp]`` int64, ``w * T + t`` of each position (0 on padding).
+        loss_mask: ``[N, Lp]`` bool, True on real steps.
+        time_steps: ``T``.
+    """
+
+    flat_index: torch.Tensor
+    loss_mask: torch.Tensor
+    time_steps: int
+
+    @classmethod
+    def from_rollout(cls, td: TensorDictBase, keys: RolloutKeys, who: str) -> SequenceLayout:
+        """Reads ``sequence_id`` and ``sequence_offset`` of a chunked ``[W, T]`` rollout."""
+        shape = rollout_shape(td, who)
+        if td.get(keys.loss_mask, None) is not None:
+            raise ValueError(
+                f"{who} got a tensordict that already holds {keys.loss_mask!r}: it is padded "
+                "already"
+            )
+        hint = f"Run EpisodeSplitter and SequenceChunker before {who}."
+        sequence_id = get_key(td, keys.sequence_id, hint=hint)
+        offset = get_key(td, keys.sequence_offset, hint=hint)
+        for key, value in ((keys.sequence_id, sequence_id), (keys.sequence_offset, offset)):
+            check_shape(key, value, shape)
+            check_dtype(key, value, torch.int64)
+        flat_index, loss_mask = sequence_layout(sequence_id, offset)
+        return cls(flat_index, loss_mask, shape[1])
+
+    @property
+    def num_sequences(self) -> int:
+        """``N``."""
+        return self.flat_index.shape[0]
+
+    def lengths(self) -> torch.Tensor:
+        """``[N]`` int64, real steps per sequence."""
+        return self.loss_mask.sum(-1)
+
+    def gather(
+        self, td: TensorDictBase, keys: RolloutKeys, index: torch.Tensor | None = None
+    ) -> TensorDictBase:
+        """Padded sequences ``[B, Lp]`` (all ``N``, or the ones in ``index`` ``[B]``).
+
+        Every tensor leaf of ``td`` (``[W, T, *F]``) becomes ``[B, Lp, *F]`` with zero padding;
+        adds ``loss_mask``, ``worker_index`` and ``time_index`` (zero on padding too).
+        """
+        flat = self.flat_index if index is None else self.flat_index[index]
+        mask = self.loss_mask if index is None else self.loss_mask[index]
+        pads = padding_positions(mask)
+        out = TensorDict(batch_size=flat.shape, device=td.device)
+        for key, value in td.items(include_nested=True, leaves_only=True):
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(
+                    f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
+                    "can be regrouped into sequences (exclude it first)"
+                )
+            out.set(key, pad_sequences(value, flat, pads))
+        # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
+        out.set(keys.loss_mask, mask)
+        out.set(keys.worker_index, torch.div(flat, self.time_steps, rounding_mode="floor"))
+        out.set(keys.time_index, flat % self.time_steps)
+        return out
