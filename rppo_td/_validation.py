@@ -76,6 +76,6 @@ def check_finite(named: dict[str, torch.Tensor]) -> None:
     if not named:
         return
     flags = torch.stack([torch.isfinite(x).all() for x in named.values()]).tolist()
-    bad = [name for name, ok in zip(named, flags) if not ok]
+    bad = [name for name, ok in zip(named, flags, strict=True) if not ok]
     if bad:
         raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
@@ -13,10 +13,8 @@ from rppo_td.transforms._base import RolloutTransform
 __all__ = ["EpisodeSplitter", "SequenceChunker"]
 
 
-def _flag(td: TensorDictBase, key, shape: tuple[int, int], *, required: bool) -> torch.Tensor | None:
-    value = td.get(key, None) if not required else get_key(td, key)
-    if value is None:
-        return None
+def _flag(td: TensorDictBase, key: NestedKey, shape: tuple[int, int]) -> torch.Tensor:
+    value = get_key(td, key)
     check_shape(key, value, (*shape, 1))
     check_dtype(key, value, torch.bool)
     return value.squeeze(-1)
@@ -45,8 +43,9 @@ class EpisodeSplitter(RolloutTransform):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = rollout_shape(tensordict, "EpisodeSplitter")
-        done = _flag(tensordict, self.keys.done, shape, required=True)
-        is_init = _flag(tensordict, self.keys.is_init, shape, required=False)
+        done = _flag(tensordict, self.keys.done, shape)
+        has_init = tensordict.get(self.keys.is_init, None) is not None
+        is_init = _flag(tensordict, self.keys.is_init, shape) if has_init else None
         tensordict.set(self.keys.episode_id, episode_ids(episode_starts(done, is_init)))
         return tensordict
 
