@@ -5,6 +5,7 @@ SequencePadder -> DeviceMover -> SequenceSampler`` and comes out as minibatches 
 right-padded sequences ``[B, Lp]`` with a ``loss_mask``.
 """
 
+import rppo_td.envs  # noqa: F401  (registers rppo_td/CartPoleNoVel-v1)
 from rppo_td import functional
 from rppo_td._keys import RolloutKeys
 from rppo_td.sampling import SequenceReplaySampler, SequenceSampler

@@ -36,6 +36,11 @@ class RolloutKeys:
         loss_mask: written by SequencePadder, ``[N, Lp]`` bool, True on real steps.
         worker_index: written by SequencePadder, ``[N, Lp]`` int64, the rollout row of a step.
         time_index: written by SequencePadder, ``[N, Lp]`` int64, the rollout column of a step.
+
+    Example:
+        >>> keys = RolloutKeys(reward=("next", "agents", "reward"))
+        >>> keys.reward, keys.done
+        (('next', 'agents', 'reward'), ('next', 'done'))
     """
 
     state_value: NestedKey = "state_value"

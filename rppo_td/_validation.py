@@ -68,7 +68,7 @@ def check_floating(name: NestedKey | str, x: torch.Tensor) -> None:
         raise ValueError(f"{_name(name)} must be a floating-point tensor, got {x.dtype}")
 
 
-def check_finite(named: dict[str, torch.Tensor]) -> None:
+def check_finite(named: dict[NestedKey, torch.Tensor]) -> None:
     """Raises a ``ValueError`` naming every tensor that holds a NaN or an infinity.
 
     One device synchronisation for all tensors together.
@@ -76,6 +76,6 @@ def check_finite(named: dict[str, torch.Tensor]) -> None:
     if not named:
         return
     flags = torch.stack([torch.isfinite(x).all() for x in named.values()]).tolist()
-    bad = [name for name, ok in zip(named, flags, strict=True) if not ok]
+    bad = [_name(name) for name, ok in zip(named, flags, strict=True) if not ok]
     if bad:
         raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")

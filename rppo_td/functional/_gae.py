@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+from tensordict import NestedKey
 
 from rppo_td._validation import check_dtype, check_finite, check_floating, check_shape
 
@@ -45,53 +46,58 @@ def discounted_segment_sum(
 
     Returns:
         ``[*B, T, *F]``, the dtype of ``x``.
+
+    Example:
+        >>> x = torch.ones(1, 4, 1)
+        >>> carry_on = torch.tensor([[True, False, True, True]]).unsqueeze(-1)
+        >>> discounted_segment_sum(x, carry_on, 0.5).squeeze(-1)
+        tensor([[1.5000, 1.0000, 1.5000, 1.0000]])
     """
-    if decay == 0.0:
+    if decay == 0.0 or x.numel() == 0:
         return x.clone()
     dim = time_dim % x.ndim
     steps = x.shape[dim]
+    # time last and every other dim flattened into rows: [R, T], a view for [*B, T, 1]
+    x_rows = x.movedim(dim, -1)
+    moved_shape = x_rows.shape
+    x_rows = x_rows.reshape(-1, steps)
+    carry_rows = carry_on.movedim(dim, -1).reshape(-1, steps)
     block = _block_length(decay, steps)
-    out = torch.empty_like(x)
+    out = torch.empty(x_rows.shape, dtype=x.dtype, device=x.device)
     carry: torch.Tensor | None = None
     for stop in range(steps, 0, -block):
         start = max(0, stop - block)
-        y = _segment_sum_block(
-            x.narrow(dim, start, stop - start),
-            carry_on.narrow(dim, start, stop - start),
-            decay,
-            dim,
-            carry,
-        )
-        out.narrow(dim, start, stop - start).copy_(y)
-        carry = y.narrow(dim, 0, 1)
-    return out
+        y = _segment_sum_block(x_rows[:, start:stop], carry_rows[:, start:stop], decay, carry)
+        out[:, start:stop] = y
+        carry = y[:, :1]
+    return out.view(moved_shape).movedim(-1, dim).contiguous()
 
 
 def _segment_sum_block(
-    x: torch.Tensor,
-    carry_on: torch.Tensor,
-    decay: float,
-    dim: int,
-    carry: torch.Tensor | None,
+    x: torch.Tensor, carry_on: torch.Tensor, decay: float, carry: torch.Tensor | None
 ) -> torch.Tensor:
-    steps = x.shape[dim]
-    view = [1] * x.ndim
-    view[dim] = steps
+    """One block ``[R, K]`` (time last), float64 result; ``carry`` ``[R, 1]`` is ``y[K]``.
+
+    Works in reversed time ``s = K - 1 - t`` so that one forward ``cumsum`` gives the tails
+    ``R[t]`` and one forward ``cummax`` the last cut at or before ``s`` (the first at or after
+    ``t``), with no flip of intermediate results.
+    """
+    steps = x.shape[-1]
     k = torch.arange(steps, device=x.device)
-    weight = torch.pow(decay, k.to(torch.float64)).view(view)
-    scaled = x.to(torch.float64) * weight
-    # tail[t] = sum_{j >= t} scaled[j]; tail[steps] = 0
-    tail = scaled.flip(dim).cumsum(dim).flip(dim)
-    tail = torch.cat([tail, torch.zeros_like(tail.narrow(dim, 0, 1))], dim)
-    # first cut at or after t, or `steps` where the sum runs to the block's end
-    cut_at = torch.where(carry_on, steps, k.view(view))
-    next_cut = cut_at.flip(dim).cummin(dim).values.flip(dim)
-    end = torch.clamp(next_cut + 1, max=steps)
-    y = (tail.narrow(dim, 0, steps) - tail.gather(dim, end)) / weight
+    # weight[t] = decay**t, reversed; x * weight promotes to float64 in the same pass
+    weight = torch.pow(decay, k.flip(0).to(torch.float64))
+    scaled = x.flip(-1) * weight
+    tail = scaled.cumsum(-1)
+    # tail before s (exclusive), 0 at s = 0: R[e(t) + 1] once gathered at the cut
+    before = torch.nn.functional.pad(tail[:, :-1], (1, 0))
+    cut = torch.where(carry_on.flip(-1), 0, k).cummax(-1).values
+    y = (tail - before.gather(-1, cut)).div_(weight)
     if carry is not None:
-        reach = torch.pow(decay, (steps - k).to(torch.float64)).view(view)
-        y = y + torch.where(next_cut == steps, reach * carry.to(torch.float64), 0.0)
-    return y.to(x.dtype)
+        # no cut between t and the block's end: y[t] += decay**(K - t) * y[K]
+        uncut = (cut == 0) & carry_on[:, -1:]
+        reach = torch.pow(decay, (k + 1).to(torch.float64))
+        y += torch.where(uncut, reach * carry.to(torch.float64), 0.0)
+    return y.flip(-1)
 
 
 def generalized_advantage_estimate(
@@ -157,7 +163,9 @@ def generalized_advantage_estimate(
     )
 
 
-def check_gae_inputs(named: dict[str, torch.Tensor], *, gamma: float, lmbda: float) -> None:
+def check_gae_inputs(
+    named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbda: float
+) -> None:
     """Checks GAE inputs given in the order reward, value, next value, terminated, done.
 
     The names are what error messages call them (keys, in the transform).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["pad_sequences", "padding_positions", "unpad_sequences"]
@@ -15,6 +17,10 @@ def padding_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``[P]`` int64, indices into ``N * Lp``.
+
+    Example:
+        >>> padding_positions(torch.tensor([[True, True], [True, False]]))
+        tensor([3])
     """
     return (~loss_mask).flatten().nonzero().squeeze(1)
 
@@ -50,7 +56,15 @@ def pad_sequences(
                 [3, 0]])
     """
     feature = x.shape[batch_dims:]
-    steps = x.reshape(-1, *feature)
+    # one row per step with the features flattened (1-D for a single feature): index_select
+    # takes its cheapest path on 1-D and 2-D contiguous tensors
+    width = math.prod(feature)
+    if width == 1:
+        steps = x.reshape(-1)
+    elif width > 1:
+        steps = x.reshape(-1, width)
+    else:
+        steps = x.reshape(-1, *feature)
     out = steps.index_select(0, flat_index.flatten())
     if pad_positions.numel():
         out.index_fill_(0, pad_positions, 0)
@@ -74,6 +88,15 @@ def unpad_sequences(
 
     Returns:
         ``[W * T, *F]``, the dtype of ``padded``.
+
+    Example:
+        >>> from rppo_td.functional import chunk_episodes, sequence_layout
+        >>> sid, off = chunk_episodes(torch.tensor([[True, False, True]]), None)
+        >>> idx, mask = sequence_layout(sid, off)
+        >>> padded = pad_sequences(torch.tensor([[1, 2, 3]]), idx, padding_positions(mask))
+        >>> real = mask.flatten().nonzero().squeeze(1)
+        >>> unpad_sequences(padded, idx.flatten()[real], real, 3)
+        tensor([1, 2, 3])
     """
     feature = padded.shape[2:]
     real = padded.reshape(-1, *feature).index_select(0, real_positions)

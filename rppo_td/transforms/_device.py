@@ -16,10 +16,11 @@ __all__ = ["DeviceMover"]
 class DeviceMover(RolloutTransform):
     """Moves a tensordict (all keys, or the ones named) to ``device``.
 
-    Batch unchanged. Towards CUDA from the CPU it pins host memory first and copies with
-    ``non_blocking=True``, so the copy overlaps with host work; CUDA orders later kernels after
-    it. With ``keys`` named, a new tensordict is returned whose other keys stay where they were
-    (its own device is then None); without, ``tensordict.to(device)``. The input is not modified.
+    Batch unchanged (a ``[W, T]`` rollout or ``[N, Lp]`` sequences). Towards CUDA from the CPU
+    it pins host memory first and copies with ``non_blocking=True``, so the copy overlaps with
+    host work; CUDA orders later kernels after it. With ``keys`` named, a new tensordict is
+    returned whose other keys stay where they were (its own device is then None); without,
+    ``tensordict.to(device)``. The input is not modified.
 
     Args:
         device: the target device.

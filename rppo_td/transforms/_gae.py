@@ -81,11 +81,11 @@ class GAE(RolloutTransform):
             )
         check_gae_inputs(
             {
-                repr(keys.reward): reward,
-                repr(keys.state_value): value,
-                repr(keys.next_state_value): next_value,
-                repr(keys.terminated): terminated,
-                repr(keys.done): done,
+                keys.reward: reward,
+                keys.state_value: value,
+                keys.next_state_value: next_value,
+                keys.terminated: terminated,
+                keys.done: done,
             },
             gamma=self.gamma,
             lmbda=self.lmbda,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
@@ -23,6 +23,15 @@ class SequenceLayout:
         flat_index: ``[N, Lp]`` int64, ``w * T + t`` of each position (0 on padding).
         loss_mask: ``[N, Lp]`` bool, True on real steps.
         time_steps: ``T``.
+
+    Example:
+        >>> from rppo_td import RolloutKeys
+        >>> td = TensorDict({"sequence_id": torch.tensor([[0, 0, 1]]),
+        ...                  "sequence_offset": torch.tensor([[0, 1, 0]])}, batch_size=[1, 3])
+        >>> layout = SequenceLayout.from_rollout(td, RolloutKeys(), "example")
+        >>> layout.flat_index, layout.lengths()
+        (tensor([[0, 1],
+                [2, 0]]), tensor([2, 1]))
     """
 
     flat_index: torch.Tensor
@@ -67,16 +76,31 @@ class SequenceLayout:
         flat = self.flat_index if index is None else self.flat_index[index]
         mask = self.loss_mask if index is None else self.loss_mask[index]
         pads = padding_positions(mask)
-        out = TensorDict(batch_size=flat.shape, device=td.device)
-        for key, value in td.items(include_nested=True, leaves_only=True):
+        # Leaves go into a nested dict and the tensordict is built once at the end: setting
+        # them one by one into a tensordict with a device costs more than the gathers at small
+        # shapes.
+        source: dict = {}
+        # is_leaf_nontensor: without it items() skips non-tensor leaves silently
+        for key, value in td.items(
+            include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor
+        ):
             if not isinstance(value, torch.Tensor):
                 raise ValueError(
                     f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
                     "can be regrouped into sequences (exclude it first)"
                 )
-            out.set(key, pad_sequences(value, flat, pads))
+            _put(source, key, pad_sequences(value, flat, pads))
         # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
-        out.set(keys.loss_mask, mask)
-        out.set(keys.worker_index, torch.div(flat, self.time_steps, rounding_mode="floor"))
-        out.set(keys.time_index, flat % self.time_steps)
-        return out
+        worker = torch.div(flat, self.time_steps, rounding_mode="floor")
+        _put(source, keys.loss_mask, mask)
+        _put(source, keys.worker_index, worker)
+        _put(source, keys.time_index, flat - worker * self.time_steps)
+        return TensorDict(source, batch_size=flat.shape, device=td.device)
+
+
+def _put(source: dict, key: NestedKey, value: torch.Tensor) -> None:
+    """``source[key] = value`` for a nested key, creating the sub-dicts on the way."""
+    path = key if isinstance(key, tuple) else (key,)
+    for part in path[:-1]:
+        source = source.setdefault(part, {})
+    source[path[-1]] = value

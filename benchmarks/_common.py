@@ -1,0 +1,266 @@
+"""Shared pieces of the benchmark scripts: shapes, a rollout factory, timing and JSON output.
+
+Every script times its candidates *interleaved* (candidate A, B, C, then A, B, C again, ...)
+after a warm-up, and reports the median of the repeats, so that a burst of load from another
+process hits all candidates alike. Ratios are always taken between figures measured in the same
+process. Nothing here asserts on a timing: the scripts print and save what they measure.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+GAMMA = 0.99
+LMBDA = 0.95
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RolloutShape:
+    """One rollout configuration of the issue's table."""
+
+    name: str
+    workers: int
+    time_steps: int
+    sequence_length: int
+    observation: str  # "vector" (float32 [4]) or "image" (uint8 [3, 84, 84])
+    rnn: str  # "lstm" (h and c) or "gru" (h only)
+    hidden: int
+    num_minibatches: int = 4
+
+
+PIPELINE_SHAPES = (
+    RolloutShape("16x256 vec LSTM64", 16, 256, 8, "vector", "lstm", 64),
+    RolloutShape("32x512 vec LSTM256", 32, 512, 8, "vector", "lstm", 256),
+    RolloutShape("32x512 img LSTM256", 32, 512, 8, "image", "lstm", 256),
+    RolloutShape("256x128 vec GRU128", 256, 128, 16, "vector", "gru", 128),
+)
+QUICK_SHAPES = (
+    RolloutShape("4x32 vec LSTM8", 4, 32, 8, "vector", "lstm", 8, num_minibatches=2),
+    RolloutShape("4x32 img GRU8", 4, 32, 4, "image", "gru", 8, num_minibatches=2),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Rollout factory
+# --------------------------------------------------------------------------------------------
+def episode_flags(
+    workers: int,
+    time_steps: int,
+    *,
+    generator: torch.Generator,
+    terminate_prob: float = 0.01,
+    time_limit: int = 200,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random but realistic episode ends: ``(terminated, truncated)``, each ``[W, T]`` bool.
+
+    Each worker is somewhere inside an episode when the rollout starts (its step counter is
+    uniform in ``[0, time_limit)``); every step terminates with ``terminate_prob`` (mean
+    episode about 1 / p steps), and an episode that reaches ``time_limit`` steps is truncated.
+    """
+    age = torch.randint(0, time_limit, (workers,), generator=generator)
+    terminated = torch.rand(workers, time_steps, generator=generator) < terminate_prob
+    truncated = torch.zeros(workers, time_steps, dtype=torch.bool)
+    for t in range(time_steps):
+        age += 1
+        cut = (age >= time_limit) & ~terminated[:, t]
+        truncated[:, t] = cut
+        age[terminated[:, t] | cut] = 0
+    return terminated, truncated
+
+
+def make_rollout(
+    shape: RolloutShape, *, seed: int = 0, device: str | torch.device = "cpu"
+) -> TensorDict:
+    """A ``[W, T]`` rollout with TorchRL's keys, shaped like a recurrent PPO collector's output.
+
+    Keys: ``observation`` (``[W, T, 4]`` float32 or ``[W, T, 3, 84, 84]`` uint8), ``action``
+    (``[W, T]`` int64), ``action_log_prob`` (``[W, T]``), ``state_value`` (``[W, T, 1]``),
+    ``is_init`` (``[W, T, 1]`` bool), ``recurrent_state_h`` (and ``_c`` for an LSTM,
+    ``[W, T, 1, H]``), and under ``next``: ``reward``, ``state_value``, ``done``,
+    ``terminated``, ``truncated`` (``[W, T, 1]``).
+    """
+    g = torch.Generator().manual_seed(seed)
+    w, t = shape.workers, shape.time_steps
+    terminated, truncated = episode_flags(w, t, generator=g)
+    done = terminated | truncated
+    is_init = torch.zeros(w, t, dtype=torch.bool)
+    is_init[:, 1:] = done[:, :-1]
+    if shape.observation == "image":
+        obs = torch.randint(0, 256, (w, t, 3, 84, 84), generator=g, dtype=torch.uint8)
+    else:
+        obs = torch.randn(w, t, 4, generator=g)
+    data = {
+        "observation": obs,
+        "action": torch.randint(0, 2, (w, t), generator=g),
+        "action_log_prob": -torch.rand(w, t, generator=g),
+        "state_value": torch.randn(w, t, 1, generator=g),
+        "is_init": is_init.unsqueeze(-1),
+        "recurrent_state_h": torch.randn(w, t, 1, shape.hidden, generator=g),
+        "next": {
+            "reward": torch.randn(w, t, 1, generator=g),
+            "state_value": torch.randn(w, t, 1, generator=g),
+            "done": done.unsqueeze(-1),
+            "terminated": terminated.unsqueeze(-1),
+            "truncated": truncated.unsqueeze(-1),
+        },
+    }
+    if shape.rnn == "lstm":
+        data["recurrent_state_c"] = torch.randn(w, t, 1, shape.hidden, generator=g)
+    return TensorDict(data, batch_size=[w, t]).to(device)
+
+
+def nbytes(td: TensorDictBase) -> int:
+    """Bytes held by the tensor leaves of ``td``."""
+    return sum(
+        v.numel() * v.element_size() for v in td.values(include_nested=True, leaves_only=True)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The loop reference (tests/reference.py, written alongside the test suite)
+# --------------------------------------------------------------------------------------------
+def load_reference():
+    """Imports ``tests/reference.py`` as a module, or returns None when it is not there."""
+    if not (REPO / "tests" / "reference.py").exists():
+        return None
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import importlib
+
+    return importlib.import_module("tests.reference")
+
+
+# --------------------------------------------------------------------------------------------
+# Timing
+# --------------------------------------------------------------------------------------------
+def synchronize(device: str | torch.device) -> None:
+    """Waits for queued kernels on a CUDA device; nothing on the CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+Candidate = Callable[[], object]
+
+
+def time_interleaved(
+    candidates: dict[str, Candidate],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    device: str | torch.device = "cpu",
+    max_seconds: float | None = None,
+) -> dict[str, dict[str, float]]:
+    """Times each candidate ``repeats`` times, interleaved, and returns seconds per candidate.
+
+    The garbage collector is run once before and kept off during the repeats (a collection
+    between repeats makes the next call pay for it: glibc hands freed pages back and the next
+    allocation faults them in again). A candidate is a zero-argument callable doing the whole measured work (any per-call setup
+    that should not count must be done beforehand). Returns ``{name: {"median", "min",
+    "repeats"}}``. A candidate whose first call took longer than ``max_seconds`` is not
+    repeated (the loop references at large shapes), its single time is reported.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    slow: set[str] = set()
+    for name, fn in candidates.items():
+        for _ in range(warmup):
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            if max_seconds is not None and time.perf_counter() - start > max_seconds:
+                slow.add(name)
+                samples[name].append(time.perf_counter() - start)
+                break
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for name, fn in candidates.items():
+                if name in slow:
+                    continue
+                synchronize(device)
+                start = time.perf_counter()
+                fn()
+                synchronize(device)
+                samples[name].append(time.perf_counter() - start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {
+        name: {
+            "median": statistics.median(times),
+            "min": min(times),
+            "repeats": len(times),
+        }
+        for name, times in samples.items()
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------
+def environment() -> dict[str, object]:
+    """What the figures were measured on."""
+    import tensordict
+    import torchrl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "tensordict": tensordict.__version__,
+        "torchrl": torchrl.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": torch.get_num_threads(),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(name: str, payload: dict[str, object]) -> Path:
+    """Writes ``benchmarks/results/<name>.json`` and returns its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
+    return path
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``1.23 ms`` style, or ``-`` for a missing figure."""
+    if seconds is None:
+        return "-"
+    if seconds >= 1.0:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    """Prints a Markdown table (so it can be pasted into docs/benchmarks.md as is)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def shape_dict(shape: RolloutShape) -> dict[str, object]:
+    """The shape as JSON."""
+    return asdict(shape)

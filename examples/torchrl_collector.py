@@ -1,0 +1,208 @@
+"""Recurrent PPO from TorchRL parts, with rppo_td as the data pipeline.
+
+A TorchRL ``Collector`` gathers ``[W, T]`` rollouts from ``W`` CartPole environments with an
+LSTM policy; rppo_td turns each rollout into padded sequences ``[N, Lp]`` with a ``loss_mask``;
+TorchRL's ``ClipPPOLoss`` trains on minibatches of whole sequences, masked by ``loss_mask``.
+
+    python examples/torchrl_collector.py                  # 30 updates, under a minute on a CPU
+    RPPO_TD_TINY=1 python examples/torchrl_collector.py   # two updates, for CI
+
+Thirty updates are a demonstration of the wiring, not a trained agent.
+
+Only the data path is rppo_td's; the policy, the loss and the collector are TorchRL's.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.collectors import Collector
+from torchrl.envs import (
+    Compose,
+    ExcludeTransform,
+    GymEnv,
+    InitTracker,
+    RewardSum,
+    SerialEnv,
+    TransformedEnv,
+)
+from torchrl.modules import (
+    MLP,
+    LSTMModule,
+    ProbabilisticActor,
+    ValueOperator,
+    set_recurrent_mode,
+)
+from torchrl.objectives import ClipPPOLoss
+
+import rppo_td
+from rppo_td.functional import masked_mean, masked_normalize
+
+
+@dataclass
+class Config:
+    """Settings of this example; ``RPPO_TD_TINY=1`` shrinks the budget for CI."""
+
+    env_id: str = "CartPole-v1"
+    """Any gymnasium id with a Discrete action space."""
+    num_workers: int = 4
+    """W: environments stepped side by side (rows of the rollout)."""
+    rollout_steps: int = 64
+    """T: steps per worker per rollout (columns of the rollout)."""
+    sequence_length: int = 16
+    """L: the longest sequence the loss back-propagates through."""
+    updates: int = 30
+    """How many rollouts to collect and train on."""
+    epochs: int = 4
+    """Passes over each rollout's sequences."""
+    num_minibatches: int = 4
+    """Minibatches per epoch, balanced by real steps."""
+    hidden_size: int = 64
+    """LSTM hidden size."""
+    gamma: float = 0.99
+    """Discount."""
+    lmbda: float = 0.95
+    """GAE lambda."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    seed: int = 0
+    """Seeds torch, the environments and the minibatch order."""
+
+
+def make_config() -> Config:
+    """The default config, or a tiny one when ``RPPO_TD_TINY`` is set."""
+    if os.environ.get("RPPO_TD_TINY"):
+        return Config(num_workers=2, rollout_steps=32, updates=2, epochs=1, num_minibatches=2)
+    return Config()
+
+
+def main(cfg: Config) -> None:
+    """Collects, runs the pipeline and trains; prints shapes once and losses every update."""
+    torch.manual_seed(cfg.seed)
+
+    # ---- the policy: observation -> LSTM -> (logits, value) -------------------------------
+    lstm = LSTMModule(
+        input_size=4, hidden_size=cfg.hidden_size, in_key="observation", out_key="embed"
+    )
+    logits = TensorDictModule(
+        MLP(in_features=cfg.hidden_size, out_features=2, num_cells=[64]),
+        in_keys=["embed"],
+        out_keys=["logits"],
+    )
+    actor = ProbabilisticActor(
+        TensorDictSequential(lstm, logits),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,  # writes action_log_prob, which ClipPPOLoss reads
+    )
+    # the critic shares the LSTM; its head reads the same embedding
+    critic = TensorDictSequential(
+        lstm,
+        ValueOperator(
+            MLP(in_features=cfg.hidden_size, out_features=1, num_cells=[64]), in_keys=["embed"]
+        ),
+    )
+
+    # ---- the environments -------------------------------------------------------------------
+    # InitTracker writes is_init, the primer stores the LSTM state entering each step, RewardSum
+    # writes the running episode return (for printing only)
+    def make_env() -> GymEnv:
+        return GymEnv(cfg.env_id, categorical_action_encoding=True)
+
+    env = TransformedEnv(
+        SerialEnv(cfg.num_workers, make_env),
+        Compose(InitTracker(), lstm.make_tensordict_primer(), RewardSum()),
+    )
+    env.set_seed(cfg.seed)
+
+    # ---- the collector: one [W, T] rollout per iteration ------------------------------------
+    collector = Collector(
+        env,
+        actor,
+        frames_per_batch=cfg.num_workers * cfg.rollout_steps,
+        total_frames=cfg.updates * cfg.num_workers * cfg.rollout_steps,
+    )
+
+    # ---- rppo_td: rollout [W, T] -> padded sequences [N, Lp] --------------------------------
+    # GAE calls the critic one step at a time (the LSTM's sequential mode) from the state stored
+    # at each step, for state_value and ("next", "state_value"); the critic's by-products
+    # (the embedding, the state after the next step) are dropped before padding.
+    pipeline = Compose(
+        rppo_td.GAE(gamma=cfg.gamma, lmbda=cfg.lmbda, value_network=critic),
+        ExcludeTransform("embed", ("next", "embed"), ("next", "next")),
+        rppo_td.EpisodeSplitter(),
+        rppo_td.SequenceChunker(sequence_length=cfg.sequence_length),
+        rppo_td.SequencePadder(),
+    )
+    sampler = rppo_td.SequenceSampler(
+        cfg.num_minibatches, generator=torch.Generator().manual_seed(cfg.seed)
+    )
+
+    # ---- the loss: TorchRL's ClipPPOLoss, reductions over real steps only -------------------
+    loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.01)
+    loss_fn.loss_mask_key = "loss_mask"  # every loss_* term is a mean over loss_mask
+    optimizer = torch.optim.Adam(loss_fn.parameters(), lr=cfg.lr)
+
+    for update, rollout in enumerate(collector):
+        # only what the loss needs; the collector's extra keys would be padded too
+        returns = rollout["next", "episode_reward"][rollout["next", "done"]]
+        rollout = rollout.select(
+            "observation",
+            "action",
+            "action_log_prob",
+            "is_init",
+            "recurrent_state_h",
+            "recurrent_state_c",
+            ("next", "reward"),
+            ("next", "terminated"),
+            ("next", "truncated"),
+            ("next", "done"),
+            ("next", "observation"),
+            ("next", "is_init"),
+            ("next", "recurrent_state_h"),
+            ("next", "recurrent_state_c"),
+        )
+        padded = pipeline(rollout)
+        padded["advantage"] = masked_normalize(padded["advantage"], padded["loss_mask"])
+        if update == 0:
+            print(f"rollout   {tuple(rollout.batch_size)}  (W, T)")
+            print(f"padded    {tuple(padded.batch_size)}  (N, Lp)")
+            print(
+                f"loss_mask {tuple(padded['loss_mask'].shape)}, "
+                f"{int(padded['loss_mask'].sum())} real steps"
+            )
+            print(
+                f"recurrent_state_h {tuple(padded['recurrent_state_h'].shape)}"
+                "  (N, Lp, layers, H); position 0 starts each sequence"
+            )
+        for _ in range(cfg.epochs):
+            for minibatch in sampler(padded):
+                # recurrent mode: the LSTM runs over the Lp steps of each sequence from the
+                # state stored at position 0; padding comes after the real steps, so it never
+                # changes a real step's output
+                with set_recurrent_mode(True):
+                    losses = loss_fn(minibatch)
+                loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(loss_fn.parameters(), 0.5)
+                optimizer.step()
+        value_error = masked_mean(
+            (padded["value_target"] - padded["state_value"]).abs(), padded["loss_mask"]
+        )
+        recent = f"{returns.mean().item():6.1f}" if returns.numel() else "   n/a"
+        print(
+            f"update {update + 1:3d}  last minibatch {tuple(minibatch.batch_size)}  "
+            f"loss {loss.item():+.3f}  |value error| {value_error.item():.3f}  "
+            f"episodes ended {returns.numel():2d}  mean return {recent}"
+        )
+        collector.update_policy_weights_()
+    collector.shutdown()
+
+
+if __name__ == "__main__":
+    main(make_config())

@@ -1,0 +1,136 @@
+"""Observation encoders chosen from the observation space."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from rppo_td.agent._spaces import ObservationLeaf, is_image
+
+__all__ = ["ObservationEncoder"]
+
+
+class _ImageEncoder(nn.Module):
+    """Small CNN: uint8 ``[*B, H, W, C]`` or ``[*B, C, H, W]`` -> ``[*B, F]`` float."""
+
+    def __init__(self, space: gym.spaces.Box, out_features: int) -> None:
+        super().__init__()
+        shape = space.shape
+        self.channels_last = shape[-1] in (1, 3, 4)
+        c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 16, kernel_size=3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        with torch.no_grad():
+            flat = self.conv(torch.zeros(1, c, h, w)).shape[-1]
+        self.linear = nn.Linear(flat, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.shape[:-3]
+        x = x.reshape(-1, *x.shape[-3:]).float() / 255.0
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return torch.relu(self.linear(self.conv(x))).reshape(*batch, -1)
+
+
+class _OneHot(nn.Module):
+    """int64 ``[*B]`` (Discrete) or ``[*B, K]`` (MultiDiscrete) -> one-hot ``[*B, sum(n)]``."""
+
+    def __init__(self, nvec: list[int], *, multi: bool) -> None:
+        super().__init__()
+        self.nvec = nvec
+        self.multi = multi
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.multi:
+            return nn.functional.one_hot(x.long(), self.nvec[0]).float()
+        parts = [nn.functional.one_hot(x[..., i].long(), n) for i, n in enumerate(self.nvec)]
+        return torch.cat(parts, dim=-1).float()
+
+
+class _Flatten(nn.Module):
+    """float ``[*B, *S]`` -> ``[*B, prod(S)]`` (``S`` the leaf's shape)."""
+
+    def __init__(self, ndim: int) -> None:
+        super().__init__()
+        self.ndim = ndim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ndim == 0:
+            return x.float().unsqueeze(-1)
+        return x.float().flatten(start_dim=x.ndim - self.ndim)
+
+
+def _leaf_encoder(space: gym.Space, image_features: int) -> tuple[nn.Module, int]:
+    if is_image(space):
+        return _ImageEncoder(space, image_features), image_features
+    if isinstance(space, gym.spaces.Discrete):
+        return _OneHot([int(space.n)], multi=False), int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if space.nvec.ndim != 1:
+            raise ValueError(f"MultiDiscrete observations must be 1-D, got nvec {space.nvec}")
+        nvec = [int(n) for n in space.nvec]
+        return _OneHot(nvec, multi=True), sum(nvec)
+    shape = tuple(space.shape or ())
+    return _Flatten(len(shape)), int(np.prod(shape)) if shape else 1
+
+
+class ObservationEncoder(nn.Module):
+    """Encodes every observation leaf, concatenates, and applies an MLP.
+
+    Vectors (``Box``, ``MultiBinary``) are flattened, images (uint8 ``Box`` ``HxWxC`` or
+    ``CxHxW``) go through a small CNN, ``Discrete``/``MultiDiscrete`` become one-hot; the
+    pieces of a ``Tuple``/``Dict`` space are concatenated. An MLP of ``num_layers`` layers of
+    ``hidden_size`` units (ReLU) follows.
+
+    Input: a tensordict holding each leaf key with batch ``[*B]``. Output: ``[*B, hidden_size]``.
+
+    Args:
+        leaves: from ``observation_leaves``.
+        hidden_size: width of the MLP and of each CNN's output.
+        num_layers: MLP layers (>= 1).
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> from rppo_td.agent._spaces import observation_leaves
+        >>> enc = ObservationEncoder(observation_leaves(gym.spaces.Box(-1, 1, (2,))), hidden_size=8)
+        >>> enc(TensorDict({"observation": torch.zeros(4, 5, 2)}, batch_size=[4, 5])).shape
+        torch.Size([4, 5, 8])
+    """
+
+    def __init__(self, leaves: list[ObservationLeaf], *, hidden_size: int, num_layers: int = 1):
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        self.keys = [key for key, _ in leaves]
+        encoders, width = [], 0
+        for _, space in leaves:
+            module, size = _leaf_encoder(space, hidden_size)
+            encoders.append(module)
+            width += size
+        self.leaf_encoders = nn.ModuleList(encoders)
+        layers: list[nn.Module] = []
+        for _ in range(num_layers):
+            layers += [nn.Linear(width, hidden_size), nn.ReLU()]
+            width = hidden_size
+        self.mlp = nn.Sequential(*layers)
+        self.out_features = hidden_size
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                nn.init.orthogonal_(layer.weight, math.sqrt(2))
+                nn.init.zeros_(layer.bias)
+
+    def forward(self, obs: TensorDictBase) -> torch.Tensor:
+        """``obs`` with batch ``[*B]`` -> features ``[*B, hidden_size]``."""
+        parts = [enc(obs.get(key)) for key, enc in zip(self.keys, self.leaf_encoders, strict=True)]
+        x = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return self.mlp(x)

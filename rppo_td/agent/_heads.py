@@ -1,0 +1,136 @@
+"""Action heads: a distribution per action space (Discrete, MultiDiscrete, Box)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+__all__ = ["ActionHead", "MultiCategorical", "make_action_head"]
+
+
+class MultiCategorical:
+    """Independent categoricals over the ``K`` entries of a MultiDiscrete action.
+
+    Args:
+        logits: ``[*B, sum(nvec)]`` float.
+        nvec: the category count of each entry.
+    """
+
+    def __init__(self, logits: torch.Tensor, nvec: list[int]) -> None:
+        self.parts = [
+            Categorical(logits=chunk, validate_args=False)
+            for chunk in torch.split(logits, nvec, dim=-1)
+        ]
+
+    def sample(self) -> torch.Tensor:
+        """``[*B, K]`` int64."""
+        return torch.stack([d.sample() for d in self.parts], dim=-1)
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        """``[*B, K]`` int64 -> ``[*B]``, the sum over entries."""
+        return sum(d.log_prob(action[..., i]) for i, d in enumerate(self.parts))
+
+    def entropy(self) -> torch.Tensor:
+        """``[*B]``."""
+        return sum(d.entropy() for d in self.parts)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        """``[*B, K]`` int64, the most likely action."""
+        return torch.stack([d.probs.argmax(-1) for d in self.parts], dim=-1)
+
+
+class _DiagonalNormal:
+    """Normal with a diagonal covariance; log-prob and entropy summed over ``D``."""
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
+        self.base = Normal(mean, log_std.exp().expand_as(mean), validate_args=False)
+
+    def sample(self) -> torch.Tensor:
+        return self.base.sample()
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        return self.base.log_prob(action).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return self.base.entropy().sum(-1)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.base.mean
+
+
+class _Categorical:
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.base = Categorical(logits=logits, validate_args=False)
+
+    def sample(self) -> torch.Tensor:
+        return self.base.sample()
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        return self.base.log_prob(action)
+
+    def entropy(self) -> torch.Tensor:
+        return self.base.entropy()
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.base.logits.argmax(-1)
+
+
+class ActionHead(nn.Module):
+    """Features ``[*B, H]`` -> an action distribution with batch ``[*B]``.
+
+    The distribution has ``sample()``, ``log_prob(action) -> [*B]``, ``entropy() -> [*B]``
+    and ``mode`` (the deterministic action). Actions are int64 ``[*B]`` (Discrete), int64
+    ``[*B, K]`` (MultiDiscrete) or float32 ``[*B, D]`` (Box, unclipped; the env loop clips).
+
+    Args:
+        kind: ``"discrete"``, ``"multi_discrete"`` or ``"box"``.
+        in_features: ``H``.
+        sizes: category counts (``[n]`` or ``nvec``), or ``[D]`` for a Box.
+    """
+
+    def __init__(self, kind: str, in_features: int, sizes: list[int]) -> None:
+        super().__init__()
+        self.kind = kind
+        self.sizes = sizes
+        out = sum(sizes) if kind != "box" else sizes[0]
+        self.linear = nn.Linear(in_features, out)
+        nn.init.orthogonal_(self.linear.weight, 0.01)
+        nn.init.zeros_(self.linear.bias)
+        if kind == "box":
+            self.log_std = nn.Parameter(torch.zeros(sizes[0]))
+
+    def forward(self, features: torch.Tensor):
+        """Returns the distribution (see the class docstring)."""
+        out = self.linear(features)
+        if self.kind == "discrete":
+            return _Categorical(out)
+        if self.kind == "multi_discrete":
+            return MultiCategorical(out, self.sizes)
+        return _DiagonalNormal(out, self.log_std)
+
+
+def make_action_head(space: gym.Space, in_features: int) -> ActionHead:
+    """The head for a ``Discrete``, 1-D ``MultiDiscrete`` or 1-D ``Box`` action space.
+
+    Raises:
+        ValueError: any other action space, naming it.
+    """
+    if isinstance(space, gym.spaces.Discrete):
+        if int(space.start) != 0:
+            raise ValueError(f"Discrete action spaces must start at 0, got start={space.start}")
+        return ActionHead("discrete", in_features, [int(space.n)])
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return ActionHead("multi_discrete", in_features, [int(n) for n in space.nvec])
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        if not np.issubdtype(space.dtype, np.floating):
+            raise ValueError(f"Box action spaces must be floating point, got {space.dtype}")
+        return ActionHead("box", in_features, [int(space.shape[0])])
+    raise ValueError(
+        f"action space {space} is not supported: use Discrete, 1-D MultiDiscrete or 1-D Box"
+    )

@@ -1,0 +1,74 @@
+"""``rppo_td/CartPoleNoVel-v1``: CartPole-v1 with the velocities hidden."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+__all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel"]
+
+CARTPOLE_NOVEL_ID = "rppo_td/CartPoleNoVel-v1"
+
+# CartPole's state is (cart position, cart velocity, pole angle, pole angular velocity)
+_KEPT = np.array([0, 2])
+
+
+class VelocityMask(gym.ObservationWrapper):
+    """Keeps the cart position and pole angle of a CartPole observation.
+
+    Observation ``[4]`` float32 -> ``[2]`` float32; bounds are CartPole's for those entries.
+
+    Example:
+        >>> env = VelocityMask(CartPoleEnv())
+        >>> env.observation_space.shape
+        (2,)
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box) or space.shape != (4,):
+            raise ValueError(
+                f"VelocityMask expects CartPole's Box observation of shape (4,), got {space}"
+            )
+        self.observation_space = gym.spaces.Box(
+            low=space.low[_KEPT], high=space.high[_KEPT], dtype=np.float32
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        """``[4]`` -> ``[2]``: position and angle."""
+        return np.asarray(observation, dtype=np.float32)[_KEPT]
+
+
+def make_cartpole_novel(render_mode: str | None = None, **kwargs: Any) -> gym.Env:
+    """Builds CartPole-v1 dynamics behind the velocity mask, without a time limit.
+
+    ``gym.make(CARTPOLE_NOVEL_ID)`` calls this and adds gymnasium's ``TimeLimit`` of 500
+    steps (a truncation) from the registration, as for CartPole-v1.
+
+    Args:
+        render_mode: passed to ``CartPoleEnv``.
+        **kwargs: passed to ``CartPoleEnv`` (e.g. ``sutton_barto_reward``).
+
+    Returns:
+        The masked env; use ``gym.make(CARTPOLE_NOVEL_ID)`` for the time limit.
+    """
+    return VelocityMask(CartPoleEnv(render_mode=render_mode, **kwargs))
+
+
+def register() -> None:
+    """Registers ``CARTPOLE_NOVEL_ID`` once (importing ``rppo_td`` calls this)."""
+    if CARTPOLE_NOVEL_ID in gym.registry:
+        return
+    gym.register(
+        id=CARTPOLE_NOVEL_ID,
+        entry_point=make_cartpole_novel,
+        reward_threshold=475.0,
+        max_episode_steps=500,
+    )
+
+
+register()

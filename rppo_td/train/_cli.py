@@ -1,0 +1,102 @@
+"""The command line generated from ``TrainConfig``, with YAML presets and config files."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rppo_td.envs import resolve_env_id
+from rppo_td.train._config import TrainConfig
+
+__all__ = ["build_parser", "config_from_args", "list_presets", "load_yaml"]
+
+
+def list_presets() -> list[str]:
+    """Names of the YAML presets shipped in ``rppo_td/train/presets``."""
+    folder = resources.files("rppo_td.train") / "presets"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
+    """Reads a preset (by name) or a config file into a dict, with clear errors."""
+    if preset:
+        if path not in list_presets():
+            raise ValueError(f"unknown preset {path!r}; available: {list_presets()}")
+        text = (resources.files("rppo_td.train") / "presets" / f"{path}.yaml").read_text()
+        where = f"preset {path!r}"
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise ValueError(f"config file {str(file)!r} does not exist")
+        text, where = file.read_text(), f"config file {str(file)!r}"
+    values = yaml.safe_load(text) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{where} must hold a mapping of settings, got {type(values).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in values.items()}
+
+
+def _parse_type(hint: Any):
+    """``(argparse type, choices)`` of a field annotation."""
+    if typing.get_origin(hint) is typing.Literal:
+        choices = typing.get_args(hint)
+        return type(choices[0]), list(choices)
+    return hint, None
+
+
+def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
+    """One flag per ``TrainConfig`` field (``--total-steps``), plus ``--preset``/``--config``.
+
+    Only flags given on the command line appear in the parsed namespace, so they can override
+    a preset, a config file or a resumed checkpoint's settings.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Recurrent PPO on a gymnasium env. Settings come from the defaults, then "
+        "--preset, then --config, then the flags given here.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--preset", help=f"a shipped YAML preset: {', '.join(list_presets())}")
+    parser.add_argument("--config", help="a YAML file of settings (keys as the flags, _ or -)")
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind, choices = _parse_type(hints[f.name])
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(
+                flag, type=kind, choices=choices, help=help_text, metavar=f.name.upper()
+                if choices is None else None,
+            )
+    return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[str, Any]]:
+    """Parses ``argv`` into a validated config; exits with a usage error on bad values.
+
+    Returns:
+        ``(config, given)``: the merged config and the settings given explicitly (preset,
+        config file and flags), which a resumed run checks against its checkpoint.
+    """
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    try:
+        given: dict[str, Any] = {}
+        if "preset" in args:
+            given.update(load_yaml(args.pop("preset"), preset=True))
+        if "config" in args:
+            given.update(load_yaml(args.pop("config")))
+        given.update(args)
+        config = TrainConfig.from_dict(given, where="settings")
+        resolve_env_id(config.env)
+    except (ValueError, KeyError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        parser.error(str(message))
+    return config, given

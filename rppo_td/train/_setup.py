@@ -1,0 +1,42 @@
+"""Building the pieces of a run from its config: spaces, agent, optimizer, seeding."""
+
+from __future__ import annotations
+
+import random
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rppo_td.agent import RecurrentActorCritic
+from rppo_td.envs import make_env
+from rppo_td.train._config import TrainConfig
+
+__all__ = ["build_agent", "env_spaces", "seed_everything"]
+
+
+def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """``(observation_space, action_space)`` of one env."""
+    env = make_env(env_id)
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def build_agent(config: TrainConfig) -> RecurrentActorCritic:
+    """The actor-critic for ``config.env``'s spaces, on CPU."""
+    observation_space, action_space = env_spaces(config.env)
+    return RecurrentActorCritic(
+        observation_space, action_space, recurrence=config.recurrence,
+        hidden_size=config.hidden_size, num_layers=config.num_layers,
+        head_layers=config.head_layers, shared_critic=config.shared_critic,
+    )
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seeds torch, numpy and python; returns the sampler's generator (seeded from ``seed``)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+    return torch.Generator().manual_seed(seed + 1)

@@ -1,0 +1,58 @@
+"""Shared pytest configuration: hypothesis profiles, the ``gpu`` marker, narrow warning filters.
+
+Hypothesis profiles (chosen by the ``HYPOTHESIS_PROFILE`` environment variable, default ``dev``):
+
+- ``dev``: few examples, quick local runs.
+- ``ci``: at least 200 examples per property, no deadline (CI machines are noisy), failing
+  examples printed with a reproduction blob.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "dev",
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "ci",
+    max_examples=200,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # torchrl 0.14.1 defines VanillaWeightUpdater(WeightUpdaterBase) inside
+    # torchrl.collectors and its own base class warns about the subclass at import time; we
+    # cannot avoid importing torchrl.collectors, so ignore exactly that message.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:Creating VanillaWeightUpdater which inherits from WeightUpdaterBase"
+        ":DeprecationWarning",
+    )
+    # When a property fails, hypothesis' pytest plugin imports libcst to suggest an @example
+    # patch, and libcst's import warns through mypy_extensions; under filterwarnings=error
+    # that turns a readable failure into an INTERNALERROR. Ignore only that message.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

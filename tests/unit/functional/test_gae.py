@@ -1,0 +1,153 @@
+"""Unit tests of rppo_td/functional/_gae.py: golden cases worked by hand, and entry checks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from rppo_td.functional import discounted_segment_sum, generalized_advantage_estimate
+
+
+def _col(*rows):
+    """Rows of numbers as a ``[W, T, 1]`` tensor (bool if given bools)."""
+    return torch.tensor(rows).unsqueeze(-1)
+
+
+def test_golden_terminated_and_truncated_rows():
+    # gamma = 0.5, lmbda = 0.5, so gamma * lmbda = 0.25.
+    #
+    # Row 0: steps 0, 1 form an episode that TERMINATES at t=1; t=2 starts a new episode that
+    # the rollout cuts after one step.
+    #   t=2 (last step, bootstrap): delta = 3 + 0.5 * 2.0 - 2.0 = 2.0;        A = 2.0
+    #   t=1 (terminated, V'=4 ignored): delta = 2 + 0 - 1.0 = 1.0;            A = 1.0
+    #   t=0: delta = 1 + 0.5 * 1.0 - 0.5 = 1.0; A = 1.0 + 0.25 * 1.0 =        1.25
+    #   value_target = A + V = [1.75, 2.0, 4.0]
+    #
+    # Row 1: the episode is TRUNCATED at t=1 (time limit), a new one starts at t=2.
+    #   t=2 (last step, bootstrap): delta = -1 + 0.5 * 4.0 - 0.0 = 1.0;       A = 1.0
+    #   t=1 (truncated: bootstrap, but stop): delta = 1 + 0.5 * 6.0 - 2.0 = 2.0; A = 2.0
+    #   t=0: delta = 0 + 0.5 * 2.0 - 1.0 = 0.0; A = 0.0 + 0.25 * 2.0 =        0.5
+    #   value_target = [1.5, 4.0, 1.0]
+    reward = _col([1.0, 2.0, 3.0], [0.0, 1.0, -1.0])
+    value = _col([0.5, 1.0, 2.0], [1.0, 2.0, 0.0])
+    next_value = _col([1.0, 4.0, 2.0], [2.0, 6.0, 4.0])
+    terminated = _col([False, True, False], [False, False, False])
+    truncated = _col([False, False, False], [False, True, False])
+    advantage, target = generalized_advantage_estimate(
+        reward, value, next_value, terminated, terminated | truncated, gamma=0.5, lmbda=0.5
+    )
+    torch.testing.assert_close(advantage, _col([1.25, 1.0, 2.0], [0.5, 2.0, 1.0]))
+    torch.testing.assert_close(target, _col([1.75, 2.0, 4.0], [1.5, 4.0, 1.0]))
+
+
+def test_golden_no_episode_end():
+    # gamma = 0.9, lmbda = 0.8 (gamma * lmbda = 0.72), one row, no end: bootstraps at t=2.
+    #   t=2: delta = 1 + 0.9 * 10 - 2 = 8.0;               A = 8.0
+    #   t=1: delta = 0 + 0.9 * 2 - 1 = 0.8; A = 0.8 + 0.72 * 8.0 = 6.56
+    #   t=0: delta = 2 + 0.9 * 1 - 0 = 2.9; A = 2.9 + 0.72 * 6.56 = 7.6232
+    reward = _col([2.0, 0.0, 1.0])
+    value = _col([0.0, 1.0, 2.0])
+    next_value = _col([1.0, 2.0, 10.0])
+    false = torch.zeros(1, 3, 1, dtype=torch.bool)
+    advantage, target = generalized_advantage_estimate(
+        reward, value, next_value, false, false, gamma=0.9, lmbda=0.8
+    )
+    torch.testing.assert_close(advantage, _col([7.6232, 6.56, 8.0]))
+    torch.testing.assert_close(target, _col([7.6232, 7.56, 10.0]))
+
+
+def test_golden_terminated_at_the_last_step_does_not_bootstrap():
+    # gamma = lmbda = 1, V = 0, V' = [V(o_1), V(o_2), 100] = [0, 0, 100]: the episode
+    # terminates at t=2, so V' = 100 there is ignored and A[t] = the rest of the rewards.
+    reward = _col([1.0, 1.0, 1.0])
+    zero = torch.zeros(1, 3, 1)
+    terminated = _col([False, False, True])
+    advantage, _ = generalized_advantage_estimate(
+        reward, zero, _col([0.0, 0.0, 100.0]), terminated, terminated, gamma=1.0, lmbda=1.0
+    )
+    torch.testing.assert_close(advantage, _col([3.0, 2.0, 1.0]))
+
+
+def test_golden_segment_sum():
+    # y[t] = x[t] + 0.5 * carry_on[t] * y[t+1]: the cut at t=1 stops the sum.
+    #   y[3] = 4; y[2] = 3 + 0.5 * 4 = 5; y[1] = 2 (cut); y[0] = 1 + 0.5 * 2 = 2
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(1, 4, 1)
+    carry_on = torch.tensor([True, False, True, True]).view(1, 4, 1)
+    y = discounted_segment_sum(x, carry_on, 0.5)
+    torch.testing.assert_close(y.flatten(), torch.tensor([2.0, 2.0, 5.0, 4.0]))
+    # decay 0 is the identity
+    torch.testing.assert_close(discounted_segment_sum(x, carry_on, 0.0), x)
+
+
+def test_segment_sum_chains_blocks():
+    # decay 1e-3: a block holds 600 / log(1000) = 86 steps; 300 steps need 4 chained blocks.
+    # x = 1 everywhere, no cut: y[t] = sum_k decay**k over the remaining steps.
+    steps = 300
+    y = discounted_segment_sum(
+        torch.ones(1, steps, 1, dtype=torch.float64),
+        torch.ones(1, steps, 1, dtype=torch.bool),
+        1e-3,
+    ).flatten()
+    remaining = torch.arange(steps, 0, -1, dtype=torch.float64)
+    expected = (1 - 1e-3**remaining) / (1 - 1e-3)
+    torch.testing.assert_close(y, expected, atol=1e-12, rtol=1e-12)
+
+
+def _inputs(**overrides):
+    shape = (2, 3, 1)
+    inputs = {
+        "reward": torch.zeros(shape),
+        "state_value": torch.zeros(shape),
+        "next_state_value": torch.zeros(shape),
+        "terminated": torch.zeros(shape, dtype=torch.bool),
+        "done": torch.zeros(shape, dtype=torch.bool),
+    }
+    inputs.update(overrides)
+    return inputs
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"done": torch.zeros(2, 3, 1)}, "'done' must have dtype torch.bool, got torch.float32"),
+        (
+            {"terminated": torch.zeros(2, 3, 1, dtype=torch.int64)},
+            "'terminated' must have dtype torch.bool, got torch.int64",
+        ),
+        ({"reward": torch.zeros(2, 3)}, "'reward' must have shape [*B, T, 1] (a trailing 1), got [2, 3]"),
+        ({"state_value": torch.zeros(2, 3)}, "'state_value' must have shape [2, 3, 1], got [2, 3]"),
+        (
+            {"next_state_value": torch.zeros(2, 1, 1)},
+            "'next_state_value' must have shape [2, 3, 1], got [2, 1, 1]",
+        ),
+        (
+            {"reward": torch.zeros(2, 3, 1, dtype=torch.int64)},
+            "'reward' must be a floating-point tensor, got torch.int64",
+        ),
+        (
+            {"state_value": torch.zeros(2, 3, 1, dtype=torch.int32)},
+            "'state_value' must be a floating-point tensor, got torch.int32",
+        ),
+        ({"reward": torch.tensor([[[float("nan")]] * 3] * 2)}, "'reward' must be finite"),
+        ({"state_value": torch.full((2, 3, 1), float("inf"))}, "'state_value' must be finite"),
+        ({"next_state_value": torch.full((2, 3, 1), -float("inf"))}, "'next_state_value' must be finite"),
+    ],
+)
+def test_entry_checks(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generalized_advantage_estimate(**_inputs(**overrides), gamma=0.9, lmbda=0.9)
+
+
+def test_finite_check_names_every_bad_input():
+    inputs = _inputs(reward=torch.full((2, 3, 1), float("nan")),
+                     next_state_value=torch.full((2, 3, 1), float("inf")))
+    with pytest.raises(ValueError, match="'reward', 'next_state_value' must be finite"):
+        generalized_advantage_estimate(**inputs, gamma=0.9, lmbda=0.9)
+
+
+@pytest.mark.parametrize(("gamma", "lmbda", "name"), [(1.5, 0.5, "gamma"), (0.5, -0.1, "lmbda")])
+def test_discounts_out_of_range(gamma, lmbda, name):
+    with pytest.raises(ValueError, match=f"{name} must be in \\[0, 1\\]"):
+        generalized_advantage_estimate(**_inputs(), gamma=gamma, lmbda=lmbda)

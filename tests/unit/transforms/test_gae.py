@@ -1,0 +1,205 @@
+"""Unit tests of rppo_td/transforms/_gae.py: the GAE transform."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+
+from rppo_td import GAE, RolloutKeys
+from rppo_td.functional import generalized_advantage_estimate
+from tests.unit._data import small_rollout
+
+
+def _message(info):
+    """A raised error's message (KeyError's str() would be the repr)."""
+    return info.value.args[0]
+
+
+def _golden_rollout():
+    # the hand-computed case of tests/unit/functional/test_gae.py: row 0 terminates at t=1,
+    # row 1 is truncated at t=1; gamma = lmbda = 0.5
+    def col(*rows):
+        return torch.tensor(rows).unsqueeze(-1)
+
+    return TensorDict(
+        {
+            "state_value": col([0.5, 1.0, 2.0], [1.0, 2.0, 0.0]),
+            "next": {
+                "reward": col([1.0, 2.0, 3.0], [0.0, 1.0, -1.0]),
+                "state_value": col([1.0, 4.0, 2.0], [2.0, 6.0, 4.0]),
+                "terminated": col([False, True, False], [False, False, False]),
+                "truncated": col([False, False, False], [False, True, False]),
+            },
+        },
+        batch_size=[2, 3],
+    )
+
+
+def test_golden_through_the_transform_without_done_key():
+    td = _golden_rollout()
+    out = GAE(gamma=0.5, lmbda=0.5)(td)
+    assert out is td  # written in place, by design
+    torch.testing.assert_close(out["advantage"].squeeze(-1), torch.tensor([[1.25, 1.0, 2.0], [0.5, 2.0, 1.0]]))
+    torch.testing.assert_close(out["value_target"].squeeze(-1), torch.tensor([[1.75, 2.0, 4.0], [1.5, 4.0, 1.0]]))
+
+
+def test_done_key_is_read_when_present():
+    td = _golden_rollout()
+    # a done key that disagrees with terminated | truncated wins: no cut at row 1, t=1
+    td["next", "done"] = td["next", "terminated"].clone()
+    out = GAE(gamma=0.5, lmbda=0.5)(td)
+    # row 1, t=1: delta = 2.0 now continues into A[2] = 1.0: 2.0 + 0.25 * 1.0
+    assert float(out["advantage"][1, 1]) == pytest.approx(2.25)
+
+
+def test_nested_key_overrides():
+    keys = RolloutKeys(
+        reward=("next", "agent", "reward"),
+        terminated=("next", "agent", "terminated"),
+        truncated=("next", "agent", "truncated"),
+        done=("next", "agent", "done"),
+        state_value=("critic", "value"),
+        next_state_value=("next", "critic", "value"),
+        advantage=("loss", "advantage"),
+        value_target=("loss", "target"),
+    )
+    plain = _golden_rollout()
+    td = TensorDict(
+        {
+            "critic": {"value": plain["state_value"]},
+            "next": {
+                "agent": {
+                    "reward": plain["next", "reward"],
+                    "terminated": plain["next", "terminated"],
+                    "truncated": plain["next", "truncated"],
+                },
+                "critic": {"value": plain["next", "state_value"]},
+            },
+        },
+        batch_size=[2, 3],
+    )
+    out = GAE(gamma=0.5, lmbda=0.5, keys=keys)(td)
+    expected = GAE(gamma=0.5, lmbda=0.5)(plain)
+    assert torch.equal(out["loss", "advantage"], expected["advantage"])
+    assert torch.equal(out["loss", "target"], expected["value_target"])
+    assert "advantage" not in out.keys()
+
+
+def test_value_network_fills_missing_values():
+    td = small_rollout()
+    linear = torch.nn.Linear(3, 1)
+    network = TensorDictModule(linear, in_keys=["observation"], out_keys=["state_value"])
+    without = td.exclude("state_value", ("next", "state_value"))
+    out = GAE(gamma=0.9, lmbda=0.8, value_network=network)(without)
+    with torch.no_grad():
+        value, next_value = linear(td["observation"]), linear(td["next", "observation"])
+    assert torch.equal(out["state_value"], value)
+    assert torch.equal(out["next", "state_value"], next_value)
+    expected, _ = generalized_advantage_estimate(
+        td["next", "reward"], value, next_value, td["next", "terminated"], td["next", "done"],
+        gamma=0.9, lmbda=0.8,
+    )
+    torch.testing.assert_close(out["advantage"], expected)
+    assert not out["advantage"].requires_grad
+
+
+def test_value_network_not_called_when_values_present():
+    td = small_rollout()
+    calls = []
+
+    def value(observation):
+        calls.append(1)
+        return observation[..., :1]
+
+    network = TensorDictModule(value, in_keys=["observation"], out_keys=["state_value"])
+    before = td["state_value"].clone()
+    GAE(gamma=0.9, lmbda=0.8, value_network=network)(td)
+    assert calls == []
+    assert torch.equal(td["state_value"], before)
+
+
+def test_value_network_needs_matching_next_key():
+    keys = RolloutKeys(next_state_value=("next", "other_value"))
+    network = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["state_value"])
+    td = small_rollout().exclude(("next", "state_value"))
+    with pytest.raises(KeyError) as info:
+        GAE(gamma=0.9, lmbda=0.8, value_network=network, keys=keys)(td)
+    assert "('next', 'other_value')" in _message(info)
+
+
+def _broken(mutate):
+    td = small_rollout()
+    mutate(td)
+    return td
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda td: td.__setitem__(("next", "done"), td["next", "done"].float()),
+         "('next', 'done') must have dtype torch.bool, got torch.float32"),
+        (lambda td: td.__setitem__(("next", "terminated"), td["next", "terminated"].long()),
+         "('next', 'terminated') must have dtype torch.bool, got torch.int64"),
+        (lambda td: td["next"].set("reward", torch.zeros(2, 5), inplace=False),
+         "('next', 'reward') must have shape [2, 5, 1], got [2, 5]"),
+        (lambda td: td.set("state_value", torch.zeros(2, 5)),
+         "'state_value' must have shape [2, 5, 1], got [2, 5]"),
+        (lambda td: td.set(("next", "reward"), td["next", "reward"].long()),
+         "('next', 'reward') must be a floating-point tensor, got torch.int64"),
+        (lambda td: td["next", "reward"].__setitem__((0, 2, 0), float("nan")),
+         "('next', 'reward') must be finite, found NaN or inf"),
+        (lambda td: td["state_value"].__setitem__((1, 0, 0), float("inf")),
+         "'state_value' must be finite, found NaN or inf"),
+        (lambda td: td["next", "state_value"].__setitem__((1, 4, 0), -float("inf")),
+         "('next', 'state_value') must be finite, found NaN or inf"),
+    ],
+)
+def test_bad_inputs_name_key_expected_and_actual(mutate, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        GAE(gamma=0.9, lmbda=0.8)(_broken(mutate))
+
+
+def test_wrong_batch_dims():
+    td = small_rollout()[0]
+    with pytest.raises(ValueError, match=re.escape("GAE expects a rollout with batch dims [W, T] (worker, time), got batch size [5]")):
+        GAE(gamma=0.9, lmbda=0.8)(td)
+    with pytest.raises(ValueError, match=re.escape("got batch size [2, 5, 1]")):
+        GAE(gamma=0.9, lmbda=0.8)(small_rollout().unsqueeze(-1))
+
+
+@pytest.mark.parametrize("key", [("next", "reward"), "state_value", ("next", "state_value"), ("next", "terminated")])
+def test_missing_keys(key):
+    with pytest.raises(KeyError) as info:
+        GAE(gamma=0.9, lmbda=0.8)(small_rollout().exclude(key))
+    assert _message(info).startswith(f"key {key!r} is missing")
+
+
+def test_needs_done_or_truncated():
+    td = small_rollout().exclude(("next", "done"), ("next", "truncated"))
+    with pytest.raises(KeyError) as info:
+        GAE(gamma=0.9, lmbda=0.8)(td)
+    assert "('next', 'done')" in _message(info) and "('next', 'truncated')" in _message(info)
+    td = small_rollout().exclude(("next", "done"))
+    td["next", "truncated"] = td["next", "truncated"].float()
+    with pytest.raises(ValueError, match=re.escape("('next', 'truncated') must have dtype torch.bool, got torch.float32")):
+        GAE(gamma=0.9, lmbda=0.8)(td)
+
+
+def test_non_tensor_leaf():
+    td = small_rollout().exclude(("next", "reward"))
+    td.set_non_tensor(("next", "reward"), "one")
+    with pytest.raises(ValueError, match=re.escape("key ('next', 'reward') must hold a tensor, got NonTensorData")):
+        GAE(gamma=0.9, lmbda=0.8)(td)
+
+
+def test_constructor_checks():
+    with pytest.raises(ValueError, match=re.escape("gamma must be in [0, 1], got 1.01")):
+        GAE(gamma=1.01, lmbda=0.9)
+    with pytest.raises(ValueError, match=re.escape("lmbda must be in [0, 1], got -0.5")):
+        GAE(gamma=0.9, lmbda=-0.5)
+    with pytest.raises(TypeError, match="keys must be a RolloutKeys, got dict"):
+        GAE(gamma=0.9, lmbda=0.9, keys={"reward": "r"})

@@ -1,0 +1,116 @@
+"""Unit tests of rppo_td/transforms/_padder.py: SequencePadder and its inverse."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder
+from tests.unit._data import small_rollout
+
+
+def _chunked(length=2, **kwargs):
+    return SequenceChunker(sequence_length=length)(EpisodeSplitter()(small_rollout(**kwargs)))
+
+
+def test_golden_layout():
+    td = _chunked(2)
+    padded = SequencePadder()(td)
+    # worker 0: fragments [0, 1], [2, 3], [4]; worker 1: [0..4] cut into [0, 1], [2, 3], [4]
+    assert padded.batch_size == (6, 2)
+    assert padded["loss_mask"].tolist() == [[True, True]] * 2 + [[True, False]] + [[True, True]] * 2 + [[True, False]]
+    assert padded["worker_index"].tolist() == [[0, 0], [0, 0], [0, 0], [1, 1], [1, 1], [1, 0]]
+    assert padded["time_index"].tolist() == [[0, 1], [2, 3], [4, 0], [0, 1], [2, 3], [4, 0]]
+    assert torch.equal(padded["observation"][3, 1], td["observation"][1, 1])
+    assert torch.equal(padded["recurrent_state_c"][4, 0], td["recurrent_state_c"][1, 2])
+    assert padded["pixels"].dtype == torch.uint8 and padded["pixels"].shape == (6, 2, 1, 2, 2)
+    assert not padded["pixels"][2, 1].any()
+
+
+def test_forward_does_not_mutate_and_inv_round_trips():
+    td = _chunked(3)
+    before = td.clone()
+    padded = SequencePadder()(td)
+    assert (td == before).all()
+    assert set(td.keys(True, True)) == set(before.keys(True, True))
+    back = SequencePadder().inv(padded)
+    assert back.batch_size == td.batch_size
+    assert (back == td).all()
+    assert set(back.keys(True, True)) == set(td.keys(True, True))
+
+
+def test_inv_scatters_values_computed_on_sequences():
+    td = _chunked(2)
+    padded = SequencePadder()(td)
+    # a value computed per padded position (as a model would) goes back to its (w, t)
+    padded["new_value"] = (padded["worker_index"] * 100 + padded["time_index"]).float()
+    back = SequencePadder().inv(padded)
+    expected = torch.arange(2).view(2, 1) * 100 + torch.arange(5).view(1, 5)
+    assert torch.equal(back["new_value"], expected.float())
+
+
+def test_inv_passes_non_padded_through():
+    td = small_rollout()
+    out = SequencePadder().inv(td)
+    assert out.batch_size == td.batch_size
+    assert set(out.keys(True, True)) == set(td.keys(True, True))
+    assert (out == td).all()
+
+
+def test_inv_needs_every_step_once():
+    padded = SequencePadder()(_chunked(2))
+    with pytest.raises(ValueError, match=re.escape("SequencePadder.inv needs every step of the [2, 5] rollout exactly once; the padded tensordict holds 5 real steps over 5 distinct (worker, time) pairs")):
+        SequencePadder().inv(padded[torch.tensor([0, 2, 3])])
+    with pytest.raises(ValueError, match="over 5 distinct"):
+        SequencePadder().inv(torch.cat([padded, padded[:1]]))
+
+
+def test_inv_checks():
+    padded = SequencePadder()(_chunked(2))
+    with pytest.raises(ValueError, match=re.escape("SequencePadder.inv expects padded sequences with batch dims [N, Lp], got [6]")):
+        SequencePadder().inv(padded[:, 0])
+    bad = padded.clone()
+    bad["time_index"] = bad["time_index"].int()
+    with pytest.raises(ValueError, match="'time_index' must have dtype torch.int64, got torch.int32"):
+        SequencePadder().inv(bad)
+    with pytest.raises(KeyError) as info:
+        SequencePadder().inv(padded.exclude("worker_index"))
+    assert info.value.args[0].startswith("key 'worker_index' is missing")
+
+
+def test_forward_checks():
+    with pytest.raises(KeyError) as info:
+        SequencePadder()(EpisodeSplitter()(small_rollout()))
+    assert "'sequence_id' is missing" in info.value.args[0]
+    assert "Run EpisodeSplitter and SequenceChunker before SequencePadder." in info.value.args[0]
+    padded = SequencePadder()(_chunked(2))
+    with pytest.raises(ValueError, match="SequencePadder got a tensordict that already holds 'loss_mask'"):
+        SequencePadder()(padded)
+    td = _chunked(2)
+    td["sequence_offset"] = td["sequence_offset"].unsqueeze(-1)
+    with pytest.raises(ValueError, match=re.escape("'sequence_offset' must have shape [2, 5], got [2, 5, 1]")):
+        SequencePadder()(td)
+
+
+def test_non_tensor_leaf_is_refused():
+    td = _chunked(2)
+    td.set_non_tensor(("meta", "env_name"), "CartPole-v1")
+    with pytest.raises(ValueError, match=re.escape("key ('meta', 'env_name') holds NonTensorData, not a tensor")):
+        SequencePadder()(td)
+
+
+def test_single_step_rollout():
+    td = SequenceChunker(sequence_length=4)(EpisodeSplitter()(small_rollout(num_workers=1, num_steps=1)))
+    padded = SequencePadder()(td)
+    assert padded.batch_size == (1, 1)
+    assert (SequencePadder().inv(padded) == td).all()
+
+
+def test_empty_feature_tensor_dims():
+    td = TensorDict({"next": {"done": torch.zeros(1, 3, 1, dtype=torch.bool)},
+                     "scalar": torch.arange(3.0).view(1, 3)}, batch_size=[1, 3])
+    padded = SequencePadder()(SequenceChunker(sequence_length=2)(EpisodeSplitter()(td)))
+    assert padded["scalar"].tolist() == [[0.0, 1.0], [2.0, 0.0]]
