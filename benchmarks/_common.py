@@ -171,10 +171,11 @@ def time_interleaved(
 
     The garbage collector is run once before and kept off during the repeats (a collection
     between repeats makes the next call pay for it: glibc hands freed pages back and the next
-    allocation faults them in again). A candidate is a zero-argument callable doing the whole measured work (any per-call setup
-    that should not count must be done beforehand). Returns ``{name: {"median", "min",
-    "repeats"}}``. A candidate whose first call took longer than ``max_seconds`` is not
-    repeated (the loop references at large shapes), its single time is reported.
+    allocation faults them in again). A candidate is a zero-argument callable doing the whole
+    measured work (any per-call setup that should not count must be done beforehand).
+    Returns ``{name: {"median", "min", "repeats"}}``. A candidate whose first call took longer
+    than ``max_seconds`` is not repeated (the loop reference at large shapes): its single time
+    is reported.
     """
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     slow: set[str] = set()
@@ -255,10 +256,10 @@ def format_seconds(seconds: float | None) -> str:
 def print_table(headers: list[str], rows: list[list[str]]) -> None:
     """Prints a Markdown table (so it can be pasted into docs/benchmarks.md as is)."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
 def shape_dict(shape: RolloutShape) -> dict[str, object]:

@@ -85,13 +85,9 @@ def draw(path: Path) -> None:
                 cut_style = "-" if episode[w, t] != episode[w, t - 1] else "--"
                 top.plot([t, t], [W - 1 - w, W - w], color="black", lw=2.2, ls=cut_style)
     for w, t in TERMINATED:
-        top.text(
-            t + 0.5, W - 1 - w + 0.12, "term.", ha="center", fontsize=7, color="darkred"
-        )
+        top.text(t + 0.5, W - 1 - w + 0.12, "term.", ha="center", fontsize=7, color="darkred")
     for w, t in TRUNCATED:
-        top.text(
-            t + 0.5, W - 1 - w + 0.12, "trunc.", ha="center", fontsize=7, color="darkblue"
-        )
+        top.text(t + 0.5, W - 1 - w + 0.12, "trunc.", ha="center", fontsize=7, color="darkblue")
     top.set_xlim(0, T)
     top.set_ylim(0, W)
     top.set_yticks([W - 0.5 - w for w in range(W)], [f"worker {w}" for w in range(W)])

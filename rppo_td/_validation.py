@@ -75,6 +75,12 @@ def check_finite(named: dict[NestedKey, torch.Tensor]) -> None:
     """
     if not named:
         return
+    # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums read each
+    # tensor once; only then does the per-tensor check run, to name the culprits (it also
+    # clears float64 inputs whose finite values overflowed the sum).
+    total = torch.stack([x.sum(dtype=torch.float64) for x in named.values()]).sum()
+    if bool(torch.isfinite(total)):
+        return
     flags = torch.stack([torch.isfinite(x).all() for x in named.values()]).tolist()
     bad = [_name(name) for name, ok in zip(named, flags, strict=True) if not ok]
     if bad:

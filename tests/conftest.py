@@ -32,12 +32,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # torchrl 0.14.1 defines VanillaWeightUpdater(WeightUpdaterBase) inside
-    # torchrl.collectors and its own base class warns about the subclass at import time; we
-    # cannot avoid importing torchrl.collectors, so ignore exactly that message.
+    # torchrl 0.14.1 defines its own WeightUpdaterBase subclasses (VanillaWeightUpdater,
+    # MultiProcessedWeightUpdater, ...) inside torchrl.collectors, and the base class warns
+    # about each subclass at import time; we cannot avoid importing torchrl.collectors, so
+    # ignore exactly that deprecation message.
     config.addinivalue_line(
         "filterwarnings",
-        "ignore:Creating VanillaWeightUpdater which inherits from WeightUpdaterBase"
+        r"ignore:Creating \w+ which inherits from WeightUpdaterBase is deprecated"
         ":DeprecationWarning",
     )
     # When a property fails, hypothesis' pytest plugin imports libcst to suggest an @example

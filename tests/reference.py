@@ -53,8 +53,8 @@ def reference_done(rollout: TensorDictBase, keys: RolloutKeys = DEFAULT_KEYS) ->
     terminated = _flag_rows(rollout, keys.terminated)
     truncated = _flag_rows(rollout, keys.truncated)
     return [
-        [term or trunc for term, trunc in zip(term_row, trunc_row)]
-        for term_row, trunc_row in zip(terminated, truncated)
+        [term or trunc for term, trunc in zip(term_row, trunc_row, strict=True)]
+        for term_row, trunc_row in zip(terminated, truncated, strict=True)
     ]
 
 

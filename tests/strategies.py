@@ -189,8 +189,9 @@ def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tenso
     return start
 
 
-def _fill(generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype,
-          num_values: int = 0) -> torch.Tensor:
+def _fill(
+    generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, num_values: int = 0
+) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.randn(shape, generator=generator, dtype=dtype)
     if dtype == torch.bool:
@@ -219,6 +220,7 @@ def rollouts(
     with_done: bool | None = True,
     with_is_init: bool | None = None,
     end_rate: int = 4,
+    extra_starts: bool = False,
 ) -> TensorDict:
     """A random rollout ``[W, T]`` as a TorchRL collector writes it.
 
@@ -230,7 +232,10 @@ def rollouts(
     bool, True after every done step and drawn at ``t = 0`` (a rollout may continue an episode);
     recurrent states ``[W, T, layers, H]`` (if ``recurrent``).
 
-    A None option is drawn. ``done`` is always ``terminated | truncated``.
+    A None option is drawn. ``done`` is always ``terminated | truncated``. With
+    ``extra_starts`` (implies ``with_is_init``), ``is_init`` is also True at random steps not
+    preceded by ``done``, e.g. an environment reset that the rollout did not record as done:
+    the data is then inconsistent for GAE, but it tests that splitting honours ``is_init``.
     """
     keys = keys if keys is not None else RolloutKeys()
     num_workers = draw(st.integers(min_workers, max_workers), label="W")
@@ -244,7 +249,9 @@ def rollouts(
         state = draw(recurrent_specs(allow_none=False), label="recurrent") if recurrent else None
     if with_done is None:
         with_done = draw(st.booleans(), label="with done")
-    if with_is_init is None:
+    if extra_starts:
+        with_is_init = True
+    elif with_is_init is None:
         with_is_init = draw(st.booleans(), label="with is_init")
     terminated, truncated = draw(episode_ends(num_workers, num_steps, end_rate), label="ends")
     first_is_init = draw(
@@ -262,19 +269,29 @@ def rollouts(
     td.set("action_log_prob", torch.randn(batch, generator=generator))
     if state is not None:
         for name in state.state_names:
-            shape = batch + (state.num_layers, state.hidden_size)
+            shape = (*batch, state.num_layers, state.hidden_size)
             td.set(name, torch.randn(shape, generator=generator))
-    td.set(keys.state_value, torch.randn(batch + (1,), generator=generator))
-    td.set(keys.next_state_value, torch.randn(batch + (1,), generator=generator))
-    td.set(keys.reward, torch.randn(batch + (1,), generator=generator))
+    td.set(keys.state_value, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.next_state_value, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.reward, torch.randn((*batch, 1), generator=generator))
     td.set(keys.terminated, terminated)
     td.set(keys.truncated, truncated)
     done = terminated | truncated
     if with_done:
         td.set(keys.done, done)
     if with_is_init:
-        is_init = torch.zeros(batch + (1,), dtype=torch.bool)
+        is_init = torch.zeros((*batch, 1), dtype=torch.bool)
         is_init[:, 0, 0] = torch.tensor(first_is_init, dtype=torch.bool)
         is_init[:, 1:] = done[:, :-1]
+        if extra_starts:
+            extra = draw(
+                st.lists(
+                    st.booleans(),
+                    min_size=num_workers * num_steps,
+                    max_size=num_workers * num_steps,
+                ),
+                label="extra is_init",
+            )
+            is_init |= torch.tensor(extra, dtype=torch.bool).view(num_workers, num_steps, 1)
         td.set(keys.is_init, is_init)
     return td

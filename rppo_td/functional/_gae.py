@@ -57,47 +57,53 @@ def discounted_segment_sum(
         return x.clone()
     dim = time_dim % x.ndim
     steps = x.shape[dim]
-    # time last and every other dim flattened into rows: [R, T], a view for [*B, T, 1]
+    # Time last, every other dim flattened into rows, time reversed: [R, T]. In reversed time
+    # s = T - 1 - t the sums run forward, so one cumsum gives every tail R[t] and one cummax
+    # the start of every segment, with no flip of intermediate results.
     x_rows = x.movedim(dim, -1)
     moved_shape = x_rows.shape
-    x_rows = x_rows.reshape(-1, steps)
-    carry_rows = carry_on.movedim(dim, -1).reshape(-1, steps)
+    x_rev = x_rows.reshape(-1, steps).flip(-1)
+    keep_rev = carry_on.movedim(dim, -1).reshape(-1, steps).flip(-1)
     block = _block_length(decay, steps)
-    out = torch.empty(x_rows.shape, dtype=x.dtype, device=x.device)
+    out_rev = torch.empty_like(x_rev)
     carry: torch.Tensor | None = None
-    for stop in range(steps, 0, -block):
-        start = max(0, stop - block)
-        y = _segment_sum_block(x_rows[:, start:stop], carry_rows[:, start:stop], decay, carry)
-        out[:, start:stop] = y
-        carry = y[:, :1]
-    return out.view(moved_shape).movedim(-1, dim).contiguous()
+    for start in range(0, steps, block):
+        stop = min(steps, start + block)
+        y = _segment_sum_block(x_rev[:, start:stop], keep_rev[:, start:stop], decay, carry)
+        out_rev[:, start:stop] = y
+        carry = y[:, -1:]
+    return out_rev.flip(-1).view(moved_shape).movedim(-1, dim).contiguous()
 
 
 def _segment_sum_block(
-    x: torch.Tensor, carry_on: torch.Tensor, decay: float, carry: torch.Tensor | None
+    x: torch.Tensor, keep: torch.Tensor, decay: float, carry: torch.Tensor | None
 ) -> torch.Tensor:
-    """One block ``[R, K]`` (time last), float64 result; ``carry`` ``[R, 1]`` is ``y[K]``.
+    """One block in reversed time, ``[R, K]``; float64 result.
 
-    Works in reversed time ``s = K - 1 - t`` so that one forward ``cumsum`` gives the tails
-    ``R[t]`` and one forward ``cummax`` the last cut at or before ``s`` (the first at or after
-    ``t``), with no flip of intermediate results.
+    ``y[s] = x[s] + decay * keep[s] * y[s - 1]`` with ``y[-1] = carry`` (``[R, 1]``, the end of
+    the previous block, or None for zero).
     """
-    steps = x.shape[-1]
-    k = torch.arange(steps, device=x.device)
-    # weight[t] = decay**t, reversed; x * weight promotes to float64 in the same pass
-    weight = torch.pow(decay, k.flip(0).to(torch.float64))
-    scaled = x.flip(-1) * weight
+    rows, steps = x.shape
+    # weight[s] = decay**(K - 1 - s); x * weight promotes to float64 in the same pass
+    weight = torch.pow(decay, torch.arange(steps - 1, -1, -1, device=x.device).to(torch.float64))
+    scaled = x * weight
     tail = scaled.cumsum(-1)
-    # tail before s (exclusive), 0 at s = 0: R[e(t) + 1] once gathered at the cut
-    before = torch.nn.functional.pad(tail[:, :-1], (1, 0))
-    cut = torch.where(carry_on.flip(-1), 0, k).cummax(-1).values
-    y = (tail - before.gather(-1, cut)).div_(weight)
+    before = torch.nn.functional.pad(tail[:, :-1], (1, 0))  # tail[s - 1], 0 at s = 0
+    # flat position of each step's segment start: the last s' <= s with keep False, else the
+    # row start (where `before` is 0)
+    position = torch.arange(rows * steps, device=x.device).view(rows, steps)
+    row_start = position[:, :1].clone()
+    first = position.masked_fill_(keep, 0)
+    first[:, :1] = row_start
+    first = first.cummax(-1).values
+    y = tail - before.view(-1).index_select(0, first.view(-1)).view(rows, steps)
+    y = y.div_(weight)
     if carry is not None:
-        # no cut between t and the block's end: y[t] += decay**(K - t) * y[K]
-        uncut = (cut == 0) & carry_on[:, -1:]
-        reach = torch.pow(decay, (k + 1).to(torch.float64))
+        # no cut from the block's start to s: y[s] += decay**(s + 1) * carry
+        uncut = (first == row_start) & keep[:, :1]
+        reach = torch.pow(decay, torch.arange(1, steps + 1, device=x.device).to(torch.float64))
         y += torch.where(uncut, reach * carry.to(torch.float64), 0.0)
-    return y.flip(-1)
+    return y
 
 
 def generalized_advantage_estimate(
@@ -202,7 +208,7 @@ def gae_unchecked(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`generalized_advantage_estimate` without the entry checks (inputs already checked)."""
     dtype = state_value.dtype
-    bootstrap = torch.where(terminated, 0.0, next_state_value.to(dtype))
-    delta = reward.to(dtype) + gamma * bootstrap - state_value
+    bootstrap = next_state_value.to(dtype).masked_fill(terminated, 0.0)
+    delta = torch.add(reward.to(dtype), bootstrap, alpha=gamma).sub_(state_value)
     advantage = discounted_segment_sum(delta, ~done, float(gamma * lmbda), time_dim=time_dim)
     return advantage, advantage + state_value

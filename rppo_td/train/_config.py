@@ -58,7 +58,7 @@ class TrainConfig:
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
     threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1)
     collector: Literal["vector", "torchrl"] = _doc(
-        "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's SyncDataCollector",
+        "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector",
         default="vector")
     output: str = _doc("output directory (default runs/<env>-<recurrence>-s<seed>)", default="")
     resume: str = _doc("continue the run saved in this directory", default="")

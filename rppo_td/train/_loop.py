@@ -87,7 +87,7 @@ class Trainer:
         self.generator = seed_everything(config.seed)
         self.agent = build_agent(config).to(self.device)
         self.optimizer = torch.optim.Adam(
-            self.agent.parameters(), lr=config.learning_rate, eps=1e-5
+            self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
         )
         self.collector = self._make_collector()
         self.ppo = PPOUpdate(

@@ -65,6 +65,7 @@ class PPOUpdate:
         self.splitter = EpisodeSplitter()
         self.chunker = SequenceChunker(sequence_length=settings.sequence_length)
         self.sampler = SequenceSampler(settings.num_minibatches, generator=generator)
+        self.parameters = [p for p in agent.parameters() if p.requires_grad]
         self.keys = [key for key, _ in agent.leaves] + [
             "action", "action_log_prob", "advantage", "value_target", *agent.state_keys,
             "sequence_id", "sequence_offset",
@@ -119,7 +120,7 @@ class PPOUpdate:
         loss = policy_loss + s.value_coef * value_loss - s.entropy_coef * entropy_mean
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.agent.parameters(), s.max_grad_norm)
+        grad_norm = nn.utils.clip_grad_norm_(self.parameters, s.max_grad_norm, foreach=True)
         self.optimizer.step()
         with torch.no_grad():
             clipped = ((ratio - 1).abs() > clip_epsilon).float()

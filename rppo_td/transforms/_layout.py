@@ -53,6 +53,11 @@ class SequenceLayout:
         for key, value in ((keys.sequence_id, sequence_id), (keys.sequence_offset, offset)):
             check_shape(key, value, shape)
             check_dtype(key, value, torch.int64)
+        # renumber row-major: rows reordered or subset after chunking (e.g. sampled from a
+        # ReplayBuffer) keep their sequences but no longer count 0, 1, ... in row-major order
+        start = torch.ones(shape, dtype=torch.bool, device=sequence_id.device)
+        start[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
+        sequence_id = (start.flatten().cumsum(0) - 1).view(shape)
         flat_index, loss_mask = sequence_layout(sequence_id, offset)
         return cls(flat_index, loss_mask, shape[1])
 

@@ -58,8 +58,10 @@ def test_bootstraps_on_truncation_not_termination(td, gamma, lmbda, data):
     torch.testing.assert_close(_gae(moved, gamma, lmbda)[0], advantage)
 
     # at a done step the advantage is the one-step TD error, bootstrapped iff truncated
-    delta = td["next", "reward"] - td["state_value"] + gamma * torch.where(
-        terminated, 0.0, td["next", "state_value"]
+    delta = (
+        td["next", "reward"]
+        - td["state_value"]
+        + gamma * torch.where(terminated, 0.0, td["next", "state_value"])
     )
     done = terminated | truncated
     torch.testing.assert_close(advantage[done], delta[done], atol=ATOL, rtol=1e-5)
@@ -78,8 +80,13 @@ def test_bootstraps_on_truncation_not_termination(td, gamma, lmbda, data):
 @given(td=rollouts(), gamma=discounts(), lmbda=discounts())
 def test_gae_over_episodes_is_concatenation_of_per_episode_gae(td, gamma, lmbda):
     advantage, _ = _gae(td, gamma, lmbda)
-    fields = [("next", "reward"), "state_value", ("next", "state_value"),
-              ("next", "terminated"), ("next", "done")]
+    fields = [
+        ("next", "reward"),
+        "state_value",
+        ("next", "state_value"),
+        ("next", "terminated"),
+        ("next", "done"),
+    ]
     for fragment in reference_fragments(td):
         w = fragment[0][0]
         times = torch.tensor([t for _, t in fragment])
@@ -137,13 +144,17 @@ def test_gae_unchanged_by_chunking(td, gamma, lmbda, data):
 @given(td=rollouts(recurrent=False), gamma=discounts(), lmbda=discounts())
 def test_gae_float64_and_time_dim(td, gamma, lmbda):
     fields = [
-        td["next", "reward"].double(), td["state_value"].double(),
-        td["next", "state_value"].double(), td["next", "terminated"], td["next", "done"],
+        td["next", "reward"].double(),
+        td["state_value"].double(),
+        td["next", "state_value"].double(),
+        td["next", "terminated"],
+        td["next", "done"],
     ]
     advantage, _ = functional.generalized_advantage_estimate(*fields, gamma=gamma, lmbda=lmbda)
     assert advantage.dtype == torch.float64
-    expected, _ = reference_gae(td.apply(lambda x: x.double() if x.is_floating_point() else x),
-                                gamma, lmbda)
+    expected, _ = reference_gae(
+        td.apply(lambda x: x.double() if x.is_floating_point() else x), gamma, lmbda
+    )
     torch.testing.assert_close(advantage, expected, atol=1e-10, rtol=1e-10)
     # the same sums with time first: [T, W, 1], time_dim=0
     transposed = [x.transpose(0, 1) for x in fields]

@@ -37,7 +37,13 @@ def _chunked(td, sequence_length):
 
 def _starts(minibatch):
     """The ``(worker, time)`` of each sequence's first step: a sequence's identity."""
-    return list(zip(minibatch["worker_index"][:, 0].tolist(), minibatch["time_index"][:, 0].tolist()))
+    return list(
+        zip(
+            minibatch["worker_index"][:, 0].tolist(),
+            minibatch["time_index"][:, 0].tolist(),
+            strict=True,
+        )
+    )
 
 
 @st.composite
@@ -49,7 +55,11 @@ def _chunked_rollouts(draw):
     return chunked, num_minibatches
 
 
-@given(case=_chunked_rollouts(), seed=st.integers(0, 2**31), balance=st.sampled_from(["steps", "sequences"]))
+@given(
+    case=_chunked_rollouts(),
+    seed=st.integers(0, 2**31),
+    balance=st.sampled_from(["steps", "sequences"]),
+)
 def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance):
     chunked, num_minibatches = case
     padded = SequencePadder()(chunked)
@@ -69,7 +79,7 @@ def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance)
         for mb in minibatches:
             assert mb.batch_size[0] >= 1
             assert mb.batch_size[1] == padded.batch_size[1]
-    for a, b in zip(from_padded, from_rollout):
+    for a, b in zip(from_padded, from_rollout, strict=True):
         assert a.batch_size == b.batch_size
         assert set(a.keys(True, True)) == set(b.keys(True, True))
         for key in a.keys(True, True):

@@ -55,6 +55,19 @@ def test_padder_matches_reference(td, sequence_length):
     _assert_tds_equal(SequencePadder()(chunked), reference_pad(chunked, sequence_length))
 
 
+@given(td=rollouts(extra_starts=True), sequence_length=sequence_lengths())
+def test_is_init_starts_a_fragment(td, sequence_length):
+    # is_init True without a done step before it (a reset the rollout did not flag as done)
+    chunked = _chunk(td, sequence_length)
+    assert torch.equal(chunked["episode_id"], reference_episode_ids(td))
+    padded = SequencePadder()(chunked)
+    _assert_tds_equal(padded, reference_pad(chunked, sequence_length))
+    starts = padded["is_init"][padded["loss_mask"]].squeeze(-1)
+    # every step flagged is_init sits at position 0 of its sequence
+    positions = padded["loss_mask"].nonzero()[:, 1]
+    assert bool((positions[starts] == 0).all())
+
+
 @given(td=rollouts(), sequence_length=sequence_lengths())
 def test_round_trip_is_exact(td, sequence_length):
     chunked = _chunk(td, sequence_length)
@@ -96,7 +109,9 @@ def test_no_sequence_crosses_an_episode_end(td, sequence_length):
 def test_sequence_sizes(td, sequence_length):
     padded = SequencePadder()(_chunk(td, sequence_length))
     longest_fragment = max(len(f) for f in reference_fragments(td))
-    expected = longest_fragment if sequence_length is None else min(sequence_length, longest_fragment)
+    expected = (
+        longest_fragment if sequence_length is None else min(sequence_length, longest_fragment)
+    )
     assert padded.batch_size[1] == expected
     lengths = padded["loss_mask"].sum(-1)
     assert int(lengths.min()) >= 1
@@ -121,7 +136,7 @@ def test_start_state_is_the_stored_state(td, sequence_length):
     for n, sequence in enumerate(reference_sequences(td, sequence_length)):
         w, t = sequence[0]
         assert torch.equal(padded["recurrent_state_h"][n, 0], td["recurrent_state_h"][w, t])
-        if "recurrent_state_c" in td.keys():
+        if "recurrent_state_c" in td:
             assert torch.equal(padded["recurrent_state_c"][n, 0], td["recurrent_state_c"][w, t])
 
 
@@ -174,3 +189,19 @@ def test_whole_fragments_when_length_is_none_or_large(td, sequence_length):
     padded = SequencePadder()(_chunk(td, length))
     assert padded.batch_size == torch.Size([len(fragments), longest])
     assert padded["loss_mask"].sum(-1).tolist() == [len(f) for f in fragments]
+
+
+@given(td=rollouts(), sequence_length=sequence_lengths(), data=st.data())
+def test_padding_reordered_rows_of_a_chunked_rollout(td, sequence_length, data):
+    # rows sampled after chunking (as a ReplayBuffer storing chunked rollouts does) pad like
+    # the same rows chunked afresh, only the stored id numbers differ
+    order = data.draw(st.permutations(range(td.batch_size[0])), label="row order")
+    rows = torch.tensor(order)
+    chunked_then_sampled = SequencePadder()(_chunk(td, sequence_length)[rows])
+    sampled_then_chunked = SequencePadder()(_chunk(td[rows], sequence_length))
+    ids = {"episode_id", "sequence_id"}
+    assert chunked_then_sampled.batch_size == sampled_then_chunked.batch_size
+    for key in sampled_then_chunked.keys(include_nested=True, leaves_only=True):
+        if key in ids:
+            continue
+        assert torch.equal(chunked_then_sampled[key], sampled_then_chunked[key]), key

@@ -21,7 +21,9 @@ from tests.strategies import (
 
 # find() only needs one example of each kind: generate, do not shrink
 _FIND = settings(
-    max_examples=500, database=None, phases=[Phase.generate],
+    max_examples=500,
+    database=None,
+    phases=[Phase.generate],
     suppress_health_check=list(HealthCheck),
 )
 
@@ -61,14 +63,42 @@ def test_rollouts_are_well_formed(td):
         assert td["recurrent_state_h"].ndim == 4
 
 
-@given(td=rollouts(keys=RolloutKeys(
-    reward=("next", "agent", "reward"), state_value=("critic", "value"),
-    next_state_value=("next", "critic", "value"), terminated=("next", "agent", "terminated"),
-    truncated=("next", "agent", "truncated"), done=("next", "agent", "done"),
-), with_is_init=True))
+@given(td=rollouts(extra_starts=True))
+def test_rollouts_with_extra_starts(td):
+    done = td["next", "done"]
+    # is_init still covers every step after a done one, and may hold more
+    assert bool(td["is_init"][:, 1:][done[:, :-1]].all())
+
+
+def test_extra_starts_do_happen():
+    find(
+        rollouts(extra_starts=True),
+        lambda td: bool((td["is_init"][:, 1:] & ~td["next", "done"][:, :-1]).any()),
+        settings=_FIND,
+    )
+
+
+@given(
+    td=rollouts(
+        keys=RolloutKeys(
+            reward=("next", "agent", "reward"),
+            state_value=("critic", "value"),
+            next_state_value=("next", "critic", "value"),
+            terminated=("next", "agent", "terminated"),
+            truncated=("next", "agent", "truncated"),
+            done=("next", "agent", "done"),
+        ),
+        with_is_init=True,
+    )
+)
 def test_rollouts_follow_key_overrides(td):
-    for key in [("next", "agent", "reward"), ("critic", "value"), ("next", "critic", "value"),
-                ("next", "agent", "done"), "is_init"]:
+    for key in [
+        ("next", "agent", "reward"),
+        ("critic", "value"),
+        ("next", "critic", "value"),
+        ("next", "agent", "done"),
+        "is_init",
+    ]:
         assert td.get(key, None) is not None, key
     assert td.get(("next", "reward"), None) is None
     assert td.get(("next", "done"), None) is None
@@ -86,13 +116,20 @@ def test_episode_ends_and_step_masks(data):
     assert bool(start[:, 0].all())
 
 
-@given(length=sequence_lengths(), gamma=discounts(), action=action_specs(),
-       recurrent=recurrent_specs(), observations=observation_specs())
+@given(
+    length=sequence_lengths(),
+    gamma=discounts(),
+    action=action_specs(),
+    recurrent=recurrent_specs(),
+    observations=observation_specs(),
+)
 def test_small_strategies_stay_in_range(length, gamma, action, recurrent, observations):
     assert length is None or 1 <= length <= 12
     assert 0.0 <= gamma <= 1.0
     assert action.kind in ("discrete", "one_hot", "multi_discrete", "continuous")
-    assert recurrent is None or (1 <= recurrent.num_layers <= 3 and recurrent.cell in ("lstm", "gru"))
+    assert recurrent is None or (
+        1 <= recurrent.num_layers <= 3 and recurrent.cell in ("lstm", "gru")
+    )
     assert 1 <= len(observations) <= 3
     assert set(observations) <= set(OBSERVATION_KEYS)
 
@@ -109,8 +146,9 @@ def test_rollouts_cover_the_promised_variety():
         lambda td: _has(td, "recurrent_state_h") and not _has(td, "recurrent_state_c"),
         lambda td: _has(td, "recurrent_state_h") and td["recurrent_state_h"].shape[2] >= 2,
         lambda td: not _has(td, "recurrent_state_h"),
-        lambda td: any(_has(td, k) and td[k].dtype == torch.uint8 and td[k].ndim == 5
-                       for k in OBSERVATION_KEYS),
+        lambda td: any(
+            _has(td, k) and td[k].dtype == torch.uint8 and td[k].ndim == 5 for k in OBSERVATION_KEYS
+        ),
         lambda td: _has(td, ("obs", "camera")) or _has(td, ("obs", "joints")),
         lambda td: sum(_has(td, k) for k in OBSERVATION_KEYS) >= 2,
         lambda td: td["action"].dtype == torch.float32,

@@ -38,22 +38,33 @@ def test_get_key_rejects_non_tensor_leaf():
 
 def test_rollout_shape():
     assert rollout_shape(TensorDict(batch_size=[3, 4]), "X") == (3, 4)
-    with pytest.raises(ValueError, match=re.escape("X expects a rollout with batch dims [W, T] (worker, time), got batch size [4]")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "X expects a rollout with batch dims [W, T] (worker, time), got batch size [4]"
+        ),
+    ):
         rollout_shape(TensorDict(batch_size=[4]), "X")
 
 
 def test_check_shape_never_broadcasts():
     check_shape("x", torch.zeros(2, 3, 1), (2, 3, 1))
-    with pytest.raises(ValueError, match=re.escape("('next', 'reward') must have shape [2, 3, 1], got [2, 3]")):
+    with pytest.raises(
+        ValueError, match=re.escape("('next', 'reward') must have shape [2, 3, 1], got [2, 3]")
+    ):
         check_shape(("next", "reward"), torch.zeros(2, 3), (2, 3, 1))
     with pytest.raises(ValueError, match=re.escape("'x' must have shape [2, 3], got [1, 3]")):
         check_shape("x", torch.zeros(1, 3), (2, 3))
 
 
 def test_dtype_checks():
-    with pytest.raises(ValueError, match="'done' must have dtype torch.bool, got torch.uint8"):
+    with pytest.raises(
+        ValueError, match=re.escape("'done' must have dtype torch.bool, got torch.uint8")
+    ):
         check_dtype("done", torch.zeros(1, dtype=torch.uint8), torch.bool)
-    with pytest.raises(ValueError, match="'reward' must be a floating-point tensor, got torch.int64"):
+    with pytest.raises(
+        ValueError, match=re.escape("'reward' must be a floating-point tensor, got torch.int64")
+    ):
         check_floating("reward", torch.zeros(1, dtype=torch.int64))
     check_floating("reward", torch.zeros(1, dtype=torch.float16))
 
@@ -61,6 +72,11 @@ def test_dtype_checks():
 def test_check_finite():
     check_finite({})
     check_finite({"a": torch.zeros(3)})
-    with pytest.raises(ValueError, match="^'b', 'c' must be finite, found NaN or inf$"):
-        check_finite({"a": torch.zeros(3), "b": torch.tensor([float("nan")]),
-                      "c": torch.tensor([float("-inf")])})
+    with pytest.raises(ValueError, match=r"^'b', 'c' must be finite, found NaN or inf$"):
+        check_finite(
+            {
+                "a": torch.zeros(3),
+                "b": torch.tensor([float("nan")]),
+                "c": torch.tensor([float("-inf")]),
+            }
+        )

@@ -116,7 +116,10 @@ def _inputs(**overrides):
             {"terminated": torch.zeros(2, 3, 1, dtype=torch.int64)},
             "'terminated' must have dtype torch.bool, got torch.int64",
         ),
-        ({"reward": torch.zeros(2, 3)}, "'reward' must have shape [*B, T, 1] (a trailing 1), got [2, 3]"),
+        (
+            {"reward": torch.zeros(2, 3)},
+            "'reward' must have shape [*B, T, 1] (a trailing 1), got [2, 3]",
+        ),
         ({"state_value": torch.zeros(2, 3)}, "'state_value' must have shape [2, 3, 1], got [2, 3]"),
         (
             {"next_state_value": torch.zeros(2, 1, 1)},
@@ -132,7 +135,10 @@ def _inputs(**overrides):
         ),
         ({"reward": torch.tensor([[[float("nan")]] * 3] * 2)}, "'reward' must be finite"),
         ({"state_value": torch.full((2, 3, 1), float("inf"))}, "'state_value' must be finite"),
-        ({"next_state_value": torch.full((2, 3, 1), -float("inf"))}, "'next_state_value' must be finite"),
+        (
+            {"next_state_value": torch.full((2, 3, 1), -float("inf"))},
+            "'next_state_value' must be finite",
+        ),
     ],
 )
 def test_entry_checks(overrides, message):
@@ -141,8 +147,10 @@ def test_entry_checks(overrides, message):
 
 
 def test_finite_check_names_every_bad_input():
-    inputs = _inputs(reward=torch.full((2, 3, 1), float("nan")),
-                     next_state_value=torch.full((2, 3, 1), float("inf")))
+    inputs = _inputs(
+        reward=torch.full((2, 3, 1), float("nan")),
+        next_state_value=torch.full((2, 3, 1), float("inf")),
+    )
     with pytest.raises(ValueError, match="'reward', 'next_state_value' must be finite"):
         generalized_advantage_estimate(**inputs, gamma=0.9, lmbda=0.9)
 

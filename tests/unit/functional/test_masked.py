@@ -42,7 +42,14 @@ def test_masked_normalize_single_real_step_is_zero():
 
 
 def test_mask_checks():
-    with pytest.raises(ValueError, match=re.escape("mask of shape [2, 3] must match the leading dims of x, got x of shape [3, 2]")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "mask of shape [2, 3] must match the leading dims of x, got x of shape [3, 2]"
+        ),
+    ):
         masked_mean(torch.zeros(3, 2), MASK)
-    with pytest.raises(ValueError, match="mask must have dtype torch.bool, got torch.int64"):
+    with pytest.raises(
+        ValueError, match=re.escape("mask must have dtype torch.bool, got torch.int64")
+    ):
         masked_normalize(torch.zeros(2, 3), MASK.long())

@@ -20,9 +20,9 @@ def test_same_generator_state_same_groups():
     lengths = torch.randint(1, 9, (20,), generator=torch.Generator().manual_seed(1))
     first = balanced_minibatches(lengths, 4, generator=torch.Generator().manual_seed(7))
     second = balanced_minibatches(lengths, 4, generator=torch.Generator().manual_seed(7))
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     other = balanced_minibatches(lengths, 4, generator=torch.Generator().manual_seed(8))
-    assert not all(torch.equal(a, b) for a, b in zip(first, other))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
 
 
 @pytest.mark.parametrize("balance", ["steps", "sequences"])

@@ -17,9 +17,13 @@ def _bools(*rows):
 def test_episode_starts_row_starts_done_and_is_init():
     done = _bools([False, True, False, False], [False, False, False, True])
     is_init = _bools([False, False, False, True], [False, False, False, False])
-    assert episode_starts(done).tolist() == [[True, False, True, False], [True, False, False, False]]
+    assert episode_starts(done).tolist() == [
+        [True, False, True, False],
+        [True, False, False, False],
+    ]
     assert episode_starts(done, is_init).tolist() == [
-        [True, False, True, True], [True, False, False, False]
+        [True, False, True, True],
+        [True, False, False, False],
     ]
 
 
@@ -49,19 +53,27 @@ def test_sequence_layout_golden():
 
 @pytest.mark.parametrize("length", [0, -1, True, False, 2.5])
 def test_chunk_episodes_rejects_bad_lengths(length):
-    with pytest.raises(ValueError, match=re.escape(f"sequence_length must be an int >= 1 or None, got {length!r}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"sequence_length must be an int >= 1 or None, got {length!r}")
+    ):
         chunk_episodes(_bools([True, False]), length)
 
 
 def test_episode_starts_checks():
     with pytest.raises(ValueError, match=re.escape("done must have shape [W, T], got [2, 3, 1]")):
         episode_starts(torch.zeros(2, 3, 1, dtype=torch.bool))
-    with pytest.raises(ValueError, match="'done' must have dtype torch.bool, got torch.int64"):
+    with pytest.raises(
+        ValueError, match=re.escape("'done' must have dtype torch.bool, got torch.int64")
+    ):
         episode_starts(torch.zeros(2, 3, dtype=torch.int64))
     done = torch.zeros(2, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match=re.escape("is_init must have shape [2, 3] like done, got [2, 3, 1]")):
+    with pytest.raises(
+        ValueError, match=re.escape("is_init must have shape [2, 3] like done, got [2, 3, 1]")
+    ):
         episode_starts(done, torch.zeros(2, 3, 1, dtype=torch.bool))
-    with pytest.raises(ValueError, match="'is_init' must have dtype torch.bool, got torch.float32"):
+    with pytest.raises(
+        ValueError, match=re.escape("'is_init' must have dtype torch.bool, got torch.float32")
+    ):
         episode_starts(done, torch.zeros(2, 3))
 
 
@@ -69,5 +81,8 @@ def test_sequence_layout_checks():
     ids = torch.zeros(2, 3, dtype=torch.int64)
     with pytest.raises(ValueError, match=re.escape("got [2, 3] and [2, 2]")):
         sequence_layout(ids, torch.zeros(2, 2, dtype=torch.int64))
-    with pytest.raises(ValueError, match="'sequence_offset' must have dtype torch.int64, got torch.int32"):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("'sequence_offset' must have dtype torch.int64, got torch.int32"),
+    ):
         sequence_layout(ids, torch.zeros(2, 3, dtype=torch.int32))

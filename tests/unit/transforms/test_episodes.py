@@ -33,10 +33,16 @@ def test_splitter_reads_is_init():
 
 
 def test_splitter_nested_keys():
-    keys = RolloutKeys(done=("next", "agent", "done"), is_init=("agent", "is_init"),
-                       episode_id=("ids", "episode"))
-    td = TensorDict({"next": {"agent": {"done": torch.tensor([[[False], [True], [False]]])}},
-                     "agent": {"is_init": torch.zeros(1, 3, 1, dtype=torch.bool)}}, batch_size=[1, 3])
+    keys = RolloutKeys(
+        done=("next", "agent", "done"), is_init=("agent", "is_init"), episode_id=("ids", "episode")
+    )
+    td = TensorDict(
+        {
+            "next": {"agent": {"done": torch.tensor([[[False], [True], [False]]])}},
+            "agent": {"is_init": torch.zeros(1, 3, 1, dtype=torch.bool)},
+        },
+        batch_size=[1, 3],
+    )
     assert EpisodeSplitter(keys=keys)(td)["ids", "episode"].tolist() == [[0, 0, 1]]
 
 
@@ -60,16 +66,24 @@ def test_chunker_reads_only_episode_id():
 
 @pytest.mark.parametrize("length", [0, -3, True, 2.5, "4"])
 def test_chunker_rejects_bad_lengths(length):
-    with pytest.raises(ValueError, match=re.escape(f"sequence_length must be an int >= 1 or None, got {length!r}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"sequence_length must be an int >= 1 or None, got {length!r}")
+    ):
         SequenceChunker(sequence_length=length)
 
 
 @pytest.mark.parametrize(
     ("done", "message"),
     [
-        (torch.zeros(2, 5, dtype=torch.bool), "('next', 'done') must have shape [2, 5, 1], got [2, 5]"),
+        (
+            torch.zeros(2, 5, dtype=torch.bool),
+            "('next', 'done') must have shape [2, 5, 1], got [2, 5]",
+        ),
         (torch.zeros(2, 5, 1), "('next', 'done') must have dtype torch.bool, got torch.float32"),
-        (torch.zeros(2, 5, 2, dtype=torch.bool), "('next', 'done') must have shape [2, 5, 1], got [2, 5, 2]"),
+        (
+            torch.zeros(2, 5, 2, dtype=torch.bool),
+            "('next', 'done') must have shape [2, 5, 1], got [2, 5, 2]",
+        ),
     ],
 )
 def test_splitter_bad_done(done, message):
@@ -83,9 +97,17 @@ def test_splitter_bad_done(done, message):
 def test_splitter_bad_is_init_and_batch():
     td = small_rollout()
     td["is_init"] = td["is_init"].to(torch.uint8)
-    with pytest.raises(ValueError, match=re.escape("'is_init' must have dtype torch.bool, got torch.uint8")):
+    with pytest.raises(
+        ValueError, match=re.escape("'is_init' must have dtype torch.bool, got torch.uint8")
+    ):
         EpisodeSplitter()(td)
-    with pytest.raises(ValueError, match=re.escape("EpisodeSplitter expects a rollout with batch dims [W, T] (worker, time), got batch size [5]")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "EpisodeSplitter expects a rollout with batch dims [W, T] (worker, time), "
+            "got batch size [5]"
+        ),
+    ):
         EpisodeSplitter()(small_rollout()[0])
 
 
@@ -101,8 +123,12 @@ def test_chunker_bad_episode_ids():
     assert "'episode_id' is missing" in info.value.args[0]
     assert "Run EpisodeSplitter before SequenceChunker." in info.value.args[0]
     td = TensorDict({"episode_id": torch.zeros(2, 3, dtype=torch.int32)}, batch_size=[2, 3])
-    with pytest.raises(ValueError, match="'episode_id' must have dtype torch.int64, got torch.int32"):
+    with pytest.raises(
+        ValueError, match=re.escape("'episode_id' must have dtype torch.int64, got torch.int32")
+    ):
         SequenceChunker(sequence_length=2)(td)
     td = TensorDict({"episode_id": torch.zeros(2, 3, 1, dtype=torch.int64)}, batch_size=[2, 3])
-    with pytest.raises(ValueError, match=re.escape("'episode_id' must have shape [2, 3], got [2, 3, 1]")):
+    with pytest.raises(
+        ValueError, match=re.escape("'episode_id' must have shape [2, 3], got [2, 3, 1]")
+    ):
         SequenceChunker(sequence_length=2)(td)

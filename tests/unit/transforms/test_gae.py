@@ -43,8 +43,12 @@ def test_golden_through_the_transform_without_done_key():
     td = _golden_rollout()
     out = GAE(gamma=0.5, lmbda=0.5)(td)
     assert out is td  # written in place, by design
-    torch.testing.assert_close(out["advantage"].squeeze(-1), torch.tensor([[1.25, 1.0, 2.0], [0.5, 2.0, 1.0]]))
-    torch.testing.assert_close(out["value_target"].squeeze(-1), torch.tensor([[1.75, 2.0, 4.0], [1.5, 4.0, 1.0]]))
+    torch.testing.assert_close(
+        out["advantage"].squeeze(-1), torch.tensor([[1.25, 1.0, 2.0], [0.5, 2.0, 1.0]])
+    )
+    torch.testing.assert_close(
+        out["value_target"].squeeze(-1), torch.tensor([[1.75, 2.0, 4.0], [1.5, 4.0, 1.0]])
+    )
 
 
 def test_done_key_is_read_when_present():
@@ -86,7 +90,7 @@ def test_nested_key_overrides():
     expected = GAE(gamma=0.5, lmbda=0.5)(plain)
     assert torch.equal(out["loss", "advantage"], expected["advantage"])
     assert torch.equal(out["loss", "target"], expected["value_target"])
-    assert "advantage" not in out.keys()
+    assert "advantage" not in out
 
 
 def test_value_network_fills_missing_values():
@@ -100,8 +104,13 @@ def test_value_network_fills_missing_values():
     assert torch.equal(out["state_value"], value)
     assert torch.equal(out["next", "state_value"], next_value)
     expected, _ = generalized_advantage_estimate(
-        td["next", "reward"], value, next_value, td["next", "terminated"], td["next", "done"],
-        gamma=0.9, lmbda=0.8,
+        td["next", "reward"],
+        value,
+        next_value,
+        td["next", "terminated"],
+        td["next", "done"],
+        gamma=0.9,
+        lmbda=0.8,
     )
     torch.testing.assert_close(out["advantage"], expected)
     assert not out["advantage"].requires_grad
@@ -124,7 +133,9 @@ def test_value_network_not_called_when_values_present():
 
 def test_value_network_needs_matching_next_key():
     keys = RolloutKeys(next_state_value=("next", "other_value"))
-    network = TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["state_value"])
+    network = TensorDictModule(
+        torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["state_value"]
+    )
     td = small_rollout().exclude(("next", "state_value"))
     with pytest.raises(KeyError) as info:
         GAE(gamma=0.9, lmbda=0.8, value_network=network, keys=keys)(td)
@@ -140,22 +151,38 @@ def _broken(mutate):
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda td: td.__setitem__(("next", "done"), td["next", "done"].float()),
-         "('next', 'done') must have dtype torch.bool, got torch.float32"),
-        (lambda td: td.__setitem__(("next", "terminated"), td["next", "terminated"].long()),
-         "('next', 'terminated') must have dtype torch.bool, got torch.int64"),
-        (lambda td: td["next"].set("reward", torch.zeros(2, 5), inplace=False),
-         "('next', 'reward') must have shape [2, 5, 1], got [2, 5]"),
-        (lambda td: td.set("state_value", torch.zeros(2, 5)),
-         "'state_value' must have shape [2, 5, 1], got [2, 5]"),
-        (lambda td: td.set(("next", "reward"), td["next", "reward"].long()),
-         "('next', 'reward') must be a floating-point tensor, got torch.int64"),
-        (lambda td: td["next", "reward"].__setitem__((0, 2, 0), float("nan")),
-         "('next', 'reward') must be finite, found NaN or inf"),
-        (lambda td: td["state_value"].__setitem__((1, 0, 0), float("inf")),
-         "'state_value' must be finite, found NaN or inf"),
-        (lambda td: td["next", "state_value"].__setitem__((1, 4, 0), -float("inf")),
-         "('next', 'state_value') must be finite, found NaN or inf"),
+        (
+            lambda td: td.__setitem__(("next", "done"), td["next", "done"].float()),
+            "('next', 'done') must have dtype torch.bool, got torch.float32",
+        ),
+        (
+            lambda td: td.__setitem__(("next", "terminated"), td["next", "terminated"].long()),
+            "('next', 'terminated') must have dtype torch.bool, got torch.int64",
+        ),
+        (
+            lambda td: td["next"].set("reward", torch.zeros(2, 5), inplace=False),
+            "('next', 'reward') must have shape [2, 5, 1], got [2, 5]",
+        ),
+        (
+            lambda td: td.set("state_value", torch.zeros(2, 5)),
+            "'state_value' must have shape [2, 5, 1], got [2, 5]",
+        ),
+        (
+            lambda td: td.set(("next", "reward"), td["next", "reward"].long()),
+            "('next', 'reward') must be a floating-point tensor, got torch.int64",
+        ),
+        (
+            lambda td: td["next", "reward"].__setitem__((0, 2, 0), float("nan")),
+            "('next', 'reward') must be finite, found NaN or inf",
+        ),
+        (
+            lambda td: td["state_value"].__setitem__((1, 0, 0), float("inf")),
+            "'state_value' must be finite, found NaN or inf",
+        ),
+        (
+            lambda td: td["next", "state_value"].__setitem__((1, 4, 0), -float("inf")),
+            "('next', 'state_value') must be finite, found NaN or inf",
+        ),
     ],
 )
 def test_bad_inputs_name_key_expected_and_actual(mutate, message):
@@ -165,13 +192,20 @@ def test_bad_inputs_name_key_expected_and_actual(mutate, message):
 
 def test_wrong_batch_dims():
     td = small_rollout()[0]
-    with pytest.raises(ValueError, match=re.escape("GAE expects a rollout with batch dims [W, T] (worker, time), got batch size [5]")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "GAE expects a rollout with batch dims [W, T] (worker, time), got batch size [5]"
+        ),
+    ):
         GAE(gamma=0.9, lmbda=0.8)(td)
     with pytest.raises(ValueError, match=re.escape("got batch size [2, 5, 1]")):
         GAE(gamma=0.9, lmbda=0.8)(small_rollout().unsqueeze(-1))
 
 
-@pytest.mark.parametrize("key", [("next", "reward"), "state_value", ("next", "state_value"), ("next", "terminated")])
+@pytest.mark.parametrize(
+    "key", [("next", "reward"), "state_value", ("next", "state_value"), ("next", "terminated")]
+)
 def test_missing_keys(key):
     with pytest.raises(KeyError) as info:
         GAE(gamma=0.9, lmbda=0.8)(small_rollout().exclude(key))
@@ -185,14 +219,19 @@ def test_needs_done_or_truncated():
     assert "('next', 'done')" in _message(info) and "('next', 'truncated')" in _message(info)
     td = small_rollout().exclude(("next", "done"))
     td["next", "truncated"] = td["next", "truncated"].float()
-    with pytest.raises(ValueError, match=re.escape("('next', 'truncated') must have dtype torch.bool, got torch.float32")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("('next', 'truncated') must have dtype torch.bool, got torch.float32"),
+    ):
         GAE(gamma=0.9, lmbda=0.8)(td)
 
 
 def test_non_tensor_leaf():
     td = small_rollout().exclude(("next", "reward"))
     td.set_non_tensor(("next", "reward"), "one")
-    with pytest.raises(ValueError, match=re.escape("key ('next', 'reward') must hold a tensor, got NonTensorData")):
+    with pytest.raises(
+        ValueError, match=re.escape("key ('next', 'reward') must hold a tensor, got NonTensorData")
+    ):
         GAE(gamma=0.9, lmbda=0.8)(td)
 
 

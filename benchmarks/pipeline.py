@@ -1,0 +1,396 @@
+"""One update's data work on one rollout: rppo_td, the loop reference, TorchRL and a copy.
+
+What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPES``):
+
+- ``rppo_td``: GAE -> EpisodeSplitter -> SequenceChunker -> one epoch of ``SequenceSampler``
+  minibatches gathered lazily from the rollout (every minibatch materialised, then dropped, as
+  a trainer consumes them one at a time).
+- ``rppo_td padded``: the same, but through ``SequencePadder`` first (a padded copy of the
+  whole rollout) and the sampler indexing that copy.
+- ``loop reference``: ``tests/reference.py`` (GAE, episode ids, sequences and padding by Python
+  loops), then the same epoch of minibatches by indexing its padded output. CPU only.
+- ``torchrl split``: ``torchrl.collectors.utils.split_trajectories`` alone, given the episode
+  ids as ``("collector", "traj_ids")`` as a collector would (it does less: no GAE, no chunking).
+- ``torchrl pipeline``: TorchRL's ``vec_generalized_advantage_estimate``, then
+  ``split_trajectories``, then one epoch of minibatches of whole trajectories.
+- ``copy``: one ``copy_`` of the rollout's bytes into preallocated memory, the physical limit;
+  ``copy fresh``: the same bytes cloned into new memory (what any producer of new tensors pays
+  for first touching its pages).
+
+All candidates run interleaved in one process; the table gives medians and ratios. Then a
+per-stage breakdown of ``rppo_td`` and its peak memory (see ``--help`` and docs/benchmarks.md).
+
+Peak memory: each path runs once in a fresh subprocess; the kernel's resident-set high-water
+mark (``VmHWM``, reset through ``/proc/self/clear_refs``) minus the resident set just before
+the run is the extra memory, reported as a multiple of the rollout's own bytes. On CUDA it is
+``torch.cuda.max_memory_allocated`` over ``memory_allocated`` before the run.
+
+    python benchmarks/pipeline.py            # full shapes, about a minute or two on a CPU
+    python benchmarks/pipeline.py --quick    # tiny shapes, one repeat: a smoke test
+    python benchmarks/pipeline.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from _common import (
+    GAMMA,
+    LMBDA,
+    PIPELINE_SHAPES,
+    QUICK_SHAPES,
+    RolloutShape,
+    format_seconds,
+    load_reference,
+    make_rollout,
+    nbytes,
+    print_table,
+    shape_dict,
+    synchronize,
+    time_interleaved,
+    write_json,
+)
+from tensordict import TensorDictBase
+from torchrl.collectors.utils import split_trajectories
+from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
+
+from rppo_td import (
+    GAE,
+    EpisodeSplitter,
+    RolloutKeys,
+    SequenceChunker,
+    SequenceLayout,
+    SequencePadder,
+    SequenceSampler,
+)
+from rppo_td.functional import balanced_minibatches
+
+KEYS = RolloutKeys()
+STAGES = ("gae", "episodes", "chunk", "layout", "plan", "gather")
+
+
+# --------------------------------------------------------------------------------------------
+# The candidates. Each takes the raw rollout and does the whole update's data work.
+# --------------------------------------------------------------------------------------------
+def rppo_epoch(td: TensorDictBase, shape: RolloutShape, *, padded: bool = False) -> int:
+    """rppo_td's pipeline; returns the real steps seen (a check that the epoch is whole)."""
+    x = td.clone(recurse=False)  # the transforms add keys in place; keep the input as it was
+    x = GAE(gamma=GAMMA, lmbda=LMBDA)(x)
+    x = EpisodeSplitter()(x)
+    x = SequenceChunker(sequence_length=shape.sequence_length)(x)
+    if padded:
+        x = SequencePadder()(x)
+    sampler = SequenceSampler(
+        shape.num_minibatches, generator=torch.Generator().manual_seed(0)
+    )
+    seen = 0
+    for minibatch in sampler(x):
+        seen += minibatch.numel()  # the minibatch is materialised; it dies at the next step
+    return seen
+
+
+def rppo_stages(td: TensorDictBase, shape: RolloutShape, device: str) -> dict[str, float]:
+    """The same work as ``rppo_epoch`` through the public pieces, timed stage by stage."""
+    times: dict[str, float] = {}
+
+    def mark(name: str, start: float) -> float:
+        synchronize(device)
+        now = time.perf_counter()
+        times[name] = times.get(name, 0.0) + now - start
+        return now
+
+    synchronize(device)
+    start = time.perf_counter()
+    x = td.clone(recurse=False)
+    x = GAE(gamma=GAMMA, lmbda=LMBDA)(x)
+    start = mark("gae", start)
+    x = EpisodeSplitter()(x)
+    start = mark("episodes", start)
+    x = SequenceChunker(sequence_length=shape.sequence_length)(x)
+    start = mark("chunk", start)
+    layout = SequenceLayout.from_rollout(x, KEYS, "benchmark")
+    start = mark("layout", start)
+    groups = balanced_minibatches(
+        layout.lengths(), shape.num_minibatches, generator=torch.Generator().manual_seed(0)
+    )
+    start = mark("plan", start)
+    for index in groups:
+        layout.gather(x, KEYS, index)
+    mark("gather", start)
+    return times
+
+
+def reference_epoch(td: TensorDictBase, shape: RolloutShape, reference) -> int:
+    """The loop reference: every stage by Python loops, then the same epoch by indexing."""
+    x = td.clone(recurse=False)
+    advantage, target = reference.reference_gae(x, GAMMA, LMBDA)
+    x.set("advantage", advantage.to(torch.float32))
+    x.set("value_target", target.to(torch.float32))
+    x.set("episode_id", reference.reference_episode_ids(x))
+    sequence_id, offset = reference.reference_chunk_ids(x, shape.sequence_length)
+    x.set("sequence_id", sequence_id)
+    x.set("sequence_offset", offset)
+    padded = reference.reference_pad(x, shape.sequence_length)
+    groups = balanced_minibatches(
+        padded.get("loss_mask").sum(-1),
+        shape.num_minibatches,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return sum(padded[index].numel() for index in groups)
+
+
+def with_trajectory_ids(td: TensorDictBase) -> TensorDictBase:
+    """The rollout plus ``("collector", "traj_ids")``, as a TorchRL collector hands it over."""
+    out = td.clone(recurse=False)
+    out.set(("collector", "traj_ids"), EpisodeSplitter()(td.clone(recurse=False))["episode_id"])
+    return out
+
+
+def torchrl_split(td: TensorDictBase) -> TensorDictBase:
+    """TorchRL's trajectory split, padded to the longest trajectory, with a mask."""
+    return split_trajectories(td, trajectory_key=("collector", "traj_ids"))
+
+
+def torchrl_epoch(td: TensorDictBase, shape: RolloutShape) -> int:
+    """TorchRL's vectorised GAE, its split, then an epoch of whole-trajectory minibatches."""
+    x = td.clone(recurse=False)
+    advantage, target = vec_generalized_advantage_estimate(
+        GAMMA,
+        LMBDA,
+        x.get("state_value"),
+        x.get(("next", "state_value")),
+        x.get(("next", "reward")),
+        x.get(("next", "done")),
+        x.get(("next", "terminated")),
+    )
+    x.set("advantage", advantage)
+    x.set("value_target", target)
+    trajectories = torchrl_split(x)
+    count = trajectories.shape[0]
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(0))
+    order = order.to(trajectories.device)
+    return sum(trajectories[index].numel() for index in order.chunk(shape.num_minibatches))
+
+
+# --------------------------------------------------------------------------------------------
+# Peak memory, measured in a fresh process
+# --------------------------------------------------------------------------------------------
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float | None]:
+    """Runs one path once and returns its extra bytes at peak (in this fresh process)."""
+    td = make_rollout(shape, device=device)
+    # warm up on a tiny rollout: lazy imports, allocator arenas and kernel caches are not
+    # the pipeline's memory
+    rppo_epoch(make_rollout(QUICK_SHAPES[0], device=device), QUICK_SHAPES[0], padded=True)
+    gc.collect()
+
+    def run() -> None:
+        rppo_epoch(td, shape, padded=mode == "padded")
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+    else:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        except OSError:
+            return {"extra_bytes": None, "rollout_bytes": nbytes(td)}
+        before = _status_kib("VmRSS")
+        run()
+        extra = (_status_kib("VmHWM") - before) * 1024
+    return {"extra_bytes": float(extra), "rollout_bytes": nbytes(td)}
+
+
+def measure_memory(shape: RolloutShape, modes: str, device: str) -> dict[str, dict]:
+    """``memory_child`` in a fresh interpreter (so earlier candidates leave nothing behind).
+
+    ``modes`` is ``lazy``, ``padded`` or both comma-separated (then they share the process,
+    which ``--quick`` accepts to save an interpreter start).
+    """
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-child",
+        shape.name,
+        "--memory-mode",
+        modes,
+        "--device",
+        device,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"memory child failed for {shape.name} ({modes}):\n{done.stderr[-2000:]}")
+        failed = {"extra_bytes": None, "rollout_bytes": None, "ratio": None}
+        return {mode: dict(failed) for mode in modes.split(",")}
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for result in results.values():
+        extra, size = result["extra_bytes"], result["rollout_bytes"]
+        result["ratio"] = None if extra is None else extra / size
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# One shape
+# --------------------------------------------------------------------------------------------
+def bench_shape(
+    shape: RolloutShape, *, device: str, repeats: int, memory: bool, quick: bool, reference
+) -> dict[str, object]:
+    td = make_rollout(shape, device=device)
+    size = nbytes(td)
+    source = torch.empty(size, dtype=torch.uint8, device=device).fill_(1)
+    target = torch.empty_like(source).fill_(0)
+    with_ids = with_trajectory_ids(td)
+
+    # the epoch is whole: every real step once
+    steps = shape.workers * shape.time_steps
+    seen = rppo_epoch(td, shape)
+    padded_steps = rppo_epoch(td, shape, padded=True)
+    candidates = {
+        "rppo_td": lambda: rppo_epoch(td, shape),
+        "rppo_td padded": lambda: rppo_epoch(td, shape, padded=True),
+        "torchrl split": lambda: torchrl_split(with_ids),
+        "torchrl pipeline": lambda: torchrl_epoch(with_ids, shape),
+        "copy": lambda: target.copy_(source),
+        "copy fresh": lambda: source.clone(),
+    }
+    if reference is not None and torch.device(device).type == "cpu":
+        candidates["loop reference"] = lambda: reference_epoch(td, shape, reference)
+    times = time_interleaved(candidates, repeats=repeats, device=device, max_seconds=1.0)
+
+    stage_runs = [rppo_stages(td, shape, device) for _ in range(max(repeats, 1))]
+    stages = {
+        name: sorted(run[name] for run in stage_runs)[len(stage_runs) // 2] for name in STAGES
+    }
+
+    median = {name: t["median"] for name, t in times.items()}
+    ours = median["rppo_td"]
+    ratios = {
+        "rppo_td / copy": ours / median["copy"],
+        "rppo_td / copy fresh": ours / median["copy fresh"],
+        "rppo_td padded / copy": median["rppo_td padded"] / median["copy"],
+        "torchrl split / rppo_td": median["torchrl split"] / ours,
+        "torchrl pipeline / rppo_td": median["torchrl pipeline"] / ours,
+    }
+    if "loop reference" in median:
+        ratios["loop reference / rppo_td"] = median["loop reference"] / ours
+    result: dict[str, object] = {
+        "shape": shape_dict(shape),
+        "rollout_bytes": size,
+        "real_steps": steps,
+        "padded_positions_per_epoch": padded_steps,
+        "epoch_steps_check": seen == padded_steps,
+        "times": times,
+        "ratios": ratios,
+        "stages": stages,
+    }
+    if memory:
+        if quick:
+            measured = measure_memory(shape, "lazy,padded", device)
+        else:
+            measured = {**measure_memory(shape, "lazy", device),
+                        **measure_memory(shape, "padded", device)}
+        result["memory"] = {"rppo_td": measured["lazy"], "rppo_td padded": measured["padded"]}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-mode", default="lazy", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    shapes = QUICK_SHAPES if args.quick else PIPELINE_SHAPES
+
+    if args.memory_child is not None:
+        shape = next(s for s in (*PIPELINE_SHAPES, *QUICK_SHAPES) if s.name == args.memory_child)
+        modes = args.memory_mode.split(",")
+        print(json.dumps({m: memory_child(shape, m, args.device) for m in modes}))
+        return
+
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 7)
+    reference = load_reference()
+    if reference is None:
+        print("tests/reference.py not found: the loop reference column is left out")
+    results = []
+    for shape in shapes:
+        print(f"{shape.name} ...", flush=True)
+        results.append(
+            bench_shape(
+                shape,
+                device=args.device,
+                repeats=repeats,
+                # --quick measures memory once, on the image shape, to stay quick
+                memory=not args.no_memory and (not args.quick or shape.observation == "image"),
+                quick=args.quick,
+                reference=reference,
+            )
+        )
+
+    report(results)
+    name = args.output or ("pipeline_quick" if args.quick else f"pipeline_{args.device}")
+    path = write_json(name, {"device": args.device, "repeats": repeats, "results": results})
+    print(f"\nwritten {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+
+
+def report(results: list[dict]) -> None:
+    """Prints the time table, the ratio table, the stage breakdown and the memory table."""
+    names = ["rppo_td", "rppo_td padded", "loop reference", "torchrl split", "torchrl pipeline",
+             "copy", "copy fresh"]
+    print("\nMedian time of one update's data work")
+    rows = []
+    for r in results:
+        t = r["times"]
+        rows.append([r["shape"]["name"], f"{r['rollout_bytes'] / 2**20:.1f} MiB"]
+                    + [format_seconds(t[n]["median"]) if n in t else "-" for n in names])
+    print_table(["shape", "rollout", *names], rows)
+
+    print("\nRatios (same process)")
+    keys = list(dict.fromkeys(k for r in results for k in r["ratios"]))
+    rows = [[r["shape"]["name"]] + [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "-"
+                                    for k in keys] for r in results]
+    print_table(["shape", *keys], rows)
+
+    print("\nWhere rppo_td's time goes (median per stage)")
+    rows = [[r["shape"]["name"]] + [format_seconds(r["stages"][s]) for s in STAGES]
+            + [format_seconds(sum(r["stages"].values()))] for r in results]
+    print_table(["shape", *STAGES, "sum"], rows)
+
+    if any("memory" in r for r in results):
+        print("\nPeak extra memory over the rollout's own bytes")
+        rows = []
+        for r in (r for r in results if "memory" in r):
+            row = [r["shape"]["name"]]
+            for path in ("rppo_td", "rppo_td padded"):
+                m = r["memory"][path]
+                row.append("-" if m["ratio"] is None
+                           else f"{m['extra_bytes'] / 2**20:.1f} MiB ({m['ratio']:.2f}x)")
+            rows.append(row)
+        print_table(["shape", "rppo_td (lazy)", "rppo_td padded"], rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""End-to-end runs of the trainer at tiny scale: outputs, resume, errors, other spaces."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rppo_td.evaluate import main as eval_main
+from rppo_td.train import TrainConfig, Trainer, main
+from rppo_td.train._checkpoint import load_checkpoint
+
+TINY = {
+    "total_steps": 256, "num_workers": 4, "rollout_steps": 16, "sequence_length": 8,
+    "hidden_size": 16, "epochs": 2, "num_minibatches": 2, "checkpoint_every": 2,
+    "eval_episodes": 2, "progress": False,
+}
+
+
+class _FakeEnv(gym.Env):
+    """A short episodic env: reward 1 when the action's first entry matches a hidden bit."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space) -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self._t = 0
+        self._bit = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        self._bit = int(self.np_random.integers(2))
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self._t += 1
+        first = np.asarray(action).reshape(-1)[0]
+        reward = float((first > 0) == bool(self._bit))
+        terminated = self._t >= 6 and self._bit == 1
+        return self.observation_space.sample(), reward, terminated, False, {}
+
+
+BOX = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
+
+
+class ImageEnv(_FakeEnv):
+    def __init__(self):
+        super().__init__(
+            gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), gym.spaces.Discrete(2)
+        )
+
+
+class TupleEnv(_FakeEnv):
+    def __init__(self):
+        super().__init__(gym.spaces.Tuple((BOX, gym.spaces.Discrete(4))),
+                         gym.spaces.MultiDiscrete([2, 3]))
+
+
+class MultiDiscreteEnv(_FakeEnv):
+    def __init__(self):
+        super().__init__(gym.spaces.MultiDiscrete([3, 2]), gym.spaces.MultiDiscrete([2, 2]))
+
+
+class DictBoxEnv(_FakeEnv):
+    def __init__(self):
+        super().__init__(
+            gym.spaces.Dict({"pos": BOX, "flag": gym.spaces.Discrete(2)}),
+            gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32),
+        )
+
+
+FAKE_ENVS = {"Image": ImageEnv, "Tuple": TupleEnv, "MultiDiscrete": MultiDiscreteEnv,
+             "DictBox": DictBoxEnv}
+for _name, _cls in FAKE_ENVS.items():
+    if f"rppo_td_test/{_name}-v0" not in gym.registry:
+        gym.register(id=f"rppo_td_test/{_name}-v0", entry_point=_cls, max_episode_steps=10,
+                     disable_env_checker=True)
+
+
+def _run(tmp_path, name="run", **overrides):
+    config = TrainConfig(**{**TINY, "output": str(tmp_path / name), **overrides})
+    return Trainer(config), config
+
+
+def _rows(directory) -> list[dict[str, str]]:
+    with (directory / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
+    out = tmp_path / "smoke"
+    assert main(["--preset", "smoke", "--output", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps",
+                "wall_time_s", "fps"):
+        assert key in summary and key in printed
+        assert math.isfinite(summary[key])
+    assert summary["env_steps"] == 512 and summary["eval_episodes"] == 2
+    rows = _rows(out)
+    assert len(rows) == 4
+    assert [int(r["env_steps"]) for r in rows] == [128, 256, 384, 512]
+    for row in rows:
+        for key in ("loss_policy", "loss_value", "loss_entropy", "clip_fraction", "approx_kl",
+                    "explained_variance", "fps", "episode_return_mean", "episode_length_mean"):
+            float(row[key])
+    assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list(out.glob("events.out.tfevents.*"))
+    checkpoint = load_checkpoint(out)
+    assert checkpoint["counters"]["env_steps"] == 512
+    assert {"model", "optimizer", "rng", "config", "counters"} <= set(checkpoint)
+    assert not list(out.glob("*.tmp"))
+    # rppo-eval prints the same fields
+    assert eval_main(["--checkpoint", str(out / "checkpoint.pt"), "--episodes", "3"]) == 0
+    evaluation = json.loads(capsys.readouterr().out)
+    assert evaluation["eval_episodes"] == 3
+    assert evaluation["env_steps"] == 512
+    for key in ("eval_return_mean", "eval_return_std", "wall_time_s", "fps"):
+        assert key in evaluation
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    full, _ = _run(tmp_path, "full", total_steps=384, seed=5)
+    full.run()
+    part, config = _run(tmp_path, "part", total_steps=384, seed=5)
+    assert part.run(stop_after_updates=2) is None
+    assert load_checkpoint(tmp_path / "part")["counters"]["update"] == 2
+    resumed = Trainer(config.replace(resume=str(tmp_path / "part")))
+    assert resumed.counters["update"] == 2
+    resumed.run()
+    for key, value in full.agent.state_dict().items():
+        torch.testing.assert_close(resumed.agent.state_dict()[key], value, rtol=0, atol=0)
+    a, b = _rows(tmp_path / "full"), _rows(tmp_path / "part")
+    assert len(a) == len(b) == 6
+    for ra, rb in zip(a, b, strict=True):
+        for key in ("env_steps", "episode_return_mean", "loss_policy", "loss_value",
+                    "approx_kl"):
+            assert ra[key] == rb[key], key
+
+
+def test_checkpoint_from_another_config_is_refused(tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert main(["--preset", "smoke", "--output", str(out)]) == 0
+    capsys.readouterr()
+    code = main(["--preset", "smoke", "--resume", str(out), "--recurrence", "gru"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "checkpoint was written with another config" in err
+    assert "recurrence: checkpoint 'lstm', requested 'gru'" in err
+    # runtime settings may change; an unchanged config resumes (nothing left to do)
+    assert main(["--preset", "smoke", "--resume", str(out), "--no-progress"]) == 0
+
+
+def test_resume_without_checkpoint(tmp_path, capsys):
+    assert main(["--resume", str(tmp_path / "nothing")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(FAKE_ENVS))
+def test_other_spaces_train(tmp_path, name):
+    trainer, _ = _run(tmp_path, env=f"rppo_td_test/{name}-v0", recurrence="gru")
+    summary = trainer.run()
+    assert summary["env_steps"] == 256
+    assert math.isfinite(summary["eval_return_mean"])
+    assert all(math.isfinite(float(r["loss_total"])) for r in _rows(tmp_path / "run"))
+
+
+def test_memoryless_control_trains(tmp_path):
+    trainer, _ = _run(tmp_path, recurrence="none")
+    assert trainer.run()["updates"] == 4
+
+
+def test_torchrl_collector_path(tmp_path):
+    trainer, _ = _run(tmp_path, collector="torchrl", total_steps=128)
+    summary = trainer.run()
+    assert summary["env_steps"] == 128
+    rows = _rows(tmp_path / "run")
+    assert len(rows) == 2
+
+
+def test_truncation_bootstraps_from_the_final_observation(tmp_path):
+    trainer, _ = _run(tmp_path, env="rppo_td/CartPoleNoVel-v1", num_workers=2,
+                      rollout_steps=600, total_steps=1200)
+    # steer every worker to the 500-step limit by keeping the pole upright: set the state
+    collector = trainer.collector
+    for env in collector.env.envs:
+        env.unwrapped.state = np.zeros(4)
+        env._elapsed_steps = 498
+    td = collector.rollout()
+    truncated = td["next", "truncated"].squeeze(-1)
+    terminated = td["next", "terminated"].squeeze(-1)
+    where = (truncated & ~terminated).nonzero()
+    assert len(where), "no truncation happened"
+    w, t = (int(i) for i in where[0])
+    agent = trainer.agent
+    # replay step t from its stored entering state, then value the final observation
+    state = tuple(td[key][w : w + 1, t] for key in agent.state_keys)
+    out = agent.act(td.select("observation")[w : w + 1, t], state,
+                    torch.zeros(1, dtype=torch.bool))
+    expected = agent.value(td["next"].select("observation")[w : w + 1, t], out.state)
+    torch.testing.assert_close(td["next", "state_value"][w : w + 1, t], expected)
+    # the next observation is the pre-reset one, and the step after it starts an episode
+    assert not torch.equal(td["next", "observation"][w, t], td["observation"][w, t + 1])
+    assert bool(td["is_init"][w, t + 1])

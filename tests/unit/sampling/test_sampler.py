@@ -1,0 +1,108 @@
+"""Unit tests of rppo_td/sampling/_sampler.py: SequenceSampler."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSampler
+from tests.unit._data import small_rollout
+
+
+def _chunked():
+    # 6 sequences: lengths 2, 2, 1 (worker 0) and 2, 2, 1 (worker 1)
+    return SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
+
+
+def test_docstring_case():
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]).bool()
+    sampler = SequenceSampler(num_minibatches=2, generator=torch.Generator().manual_seed(0))
+    out = [
+        (tuple(mb.batch_size), int(mb["loss_mask"].sum()))
+        for mb in sampler(TensorDict({"loss_mask": mask}, batch_size=[4, 4]))
+    ]
+    assert out == [((2, 4), 5), ((2, 4), 5)]
+
+
+def test_yields_whole_padded_sequences():
+    padded = SequencePadder()(_chunked())
+    minibatches = list(SequenceSampler(3, generator=torch.Generator().manual_seed(3))(padded))
+    assert len(minibatches) == 3
+    assert sum(mb.batch_size[0] for mb in minibatches) == 6
+    for mb in minibatches:
+        assert mb.batch_size[1] == 2
+        assert set(mb.keys(True, True)) == set(padded.keys(True, True))
+
+
+def test_each_call_is_a_new_epoch_from_the_generator():
+    padded = SequencePadder()(_chunked())
+    sampler = SequenceSampler(6, generator=torch.Generator().manual_seed(0))
+    orders = [
+        tuple(int(mb["worker_index"][0, 0] * 10 + mb["time_index"][0, 0]) for mb in sampler(padded))
+        for _ in range(5)
+    ]
+    assert all(sorted(order) == [0, 2, 4, 10, 12, 14] for order in orders)
+    assert len(set(orders)) > 1
+
+
+def test_global_generator_when_none():
+    padded = SequencePadder()(_chunked())
+    torch.manual_seed(0)
+    first = [mb["time_index"].tolist() for mb in SequenceSampler(2)(padded)]
+    torch.manual_seed(0)
+    assert [mb["time_index"].tolist() for mb in SequenceSampler(2)(padded)] == first
+
+
+@pytest.mark.parametrize(
+    ("num", "message"),
+    [
+        (0, "num_minibatches must be >= 1, got 0"),
+        (True, "num_minibatches must be an int, got True"),
+        (2.0, "num_minibatches must be an int, got 2.0"),
+    ],
+)
+def test_constructor_checks(num, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SequenceSampler(num)
+
+
+def test_bad_balance():
+    with pytest.raises(ValueError, match="balance must be 'steps' or 'sequences', got 'count'"):
+        SequenceSampler(2, balance="count")
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_more_minibatches_than_sequences(padded):
+    td = SequencePadder()(_chunked()) if padded else _chunked()
+    with pytest.raises(ValueError, match="num_minibatches=7 exceeds the 6 sequences available"):
+        list(SequenceSampler(7)(td))
+
+
+def test_input_checks():
+    padded = SequencePadder()(_chunked())
+    with pytest.raises(
+        ValueError,
+        match=re.escape("SequenceSampler expects padded sequences [N, Lp], got [6, 2, 1]"),
+    ):
+        SequenceSampler(2)(padded.unsqueeze(-1))
+    bad = padded.clone()
+    bad["loss_mask"] = bad["loss_mask"].long()
+    with pytest.raises(
+        ValueError, match=re.escape("'loss_mask' must have dtype torch.bool, got torch.int64")
+    ):
+        SequenceSampler(2)(bad)
+    with pytest.raises(KeyError) as info:
+        SequenceSampler(2)(EpisodeSplitter()(small_rollout()))
+    assert "'sequence_id' is missing" in info.value.args[0]
+    assert "Run EpisodeSplitter and SequenceChunker before SequenceSampler." in info.value.args[0]
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "SequenceSampler expects a rollout with batch dims [W, T] (worker, time), "
+            "got batch size [5]"
+        ),
+    ):
+        SequenceSampler(2)(_chunked()[0])

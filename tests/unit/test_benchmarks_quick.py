@@ -1,0 +1,66 @@
+"""Every benchmark script runs with --quick and writes the JSON fields the docs rely on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def run_quick(script: str, output: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--output", output],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    path = RESULTS / f"{output}.json"
+    try:
+        return json.loads(path.read_text())
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_pipeline_quick() -> None:
+    data = run_quick("pipeline.py", "test_pipeline_quick")
+    assert data["environment"]["torch"]
+    assert data["results"]
+    for result in data["results"]:
+        assert {"shape", "rollout_bytes", "times", "ratios", "stages"} <= result.keys()
+        assert {"rppo_td", "rppo_td padded", "torchrl split", "torchrl pipeline", "copy",
+                "copy fresh"} <= result["times"].keys()
+        assert result["times"]["rppo_td"]["median"] > 0
+        assert "rppo_td / copy" in result["ratios"]
+        assert result["epoch_steps_check"]
+    measured = [r["memory"] for r in data["results"] if "memory" in r]
+    assert measured
+    assert {"rppo_td", "rppo_td padded"} <= measured[0].keys()
+    assert "ratio" in measured[0]["rppo_td"]
+
+
+@pytest.mark.slow
+def test_gae_quick() -> None:
+    data = run_quick("gae.py", "test_gae_quick")
+    for result in data["results"]:
+        assert {"rppo_td", "torchrl loop", "torchrl vec"} <= result["times"].keys()
+        assert result["exact"], result["max_abs_error"]
+        assert result["fastest torchrl / rppo_td"] > 0
+
+
+@pytest.mark.slow
+def test_update_quick() -> None:
+    data = run_quick("update.py", "test_update_quick")
+    for result in data["results"]:
+        assert {"padded", "packed"} <= result["times"].keys()
+        assert result["faster"] in ("padded", "packed")
+        assert result["max_abs_grad_difference"] < 1e-4

@@ -1,0 +1,89 @@
+"""rppo_td/CartPoleNoVel-v1 registration and the env helpers."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode
+
+import rppo_td  # noqa: F401  (registers the env)
+from rppo_td.envs import CARTPOLE_NOVEL_ID, make_env, make_vector_env, resolve_env_id
+
+
+def test_registered_on_import():
+    assert CARTPOLE_NOVEL_ID == "rppo_td/CartPoleNoVel-v1"
+    spec = gym.spec(CARTPOLE_NOVEL_ID)
+    assert spec.max_episode_steps == 500
+
+
+def test_observation_is_position_and_angle():
+    env = gym.make(CARTPOLE_NOVEL_ID)
+    assert env.observation_space.shape == (2,)
+    assert env.action_space == gym.spaces.Discrete(2)
+    obs, _ = env.reset(seed=3)
+    for _ in range(5):
+        state = np.asarray(env.unwrapped.state, dtype=np.float32)
+        np.testing.assert_allclose(obs, state[[0, 2]])
+        obs, reward, *_ = env.step(0)
+        assert reward == 1.0
+    assert env.observation_space.contains(obs)
+
+
+def test_same_dynamics_as_cartpole():
+    ours, full = gym.make(CARTPOLE_NOVEL_ID), gym.make("CartPole-v1")
+    a, _ = ours.reset(seed=7)
+    b, _ = full.reset(seed=7)
+    for action in [0, 1, 1, 0, 1, 0, 0]:
+        np.testing.assert_allclose(a, b[[0, 2]])
+        a, *_ = ours.step(action)
+        b, *_ = full.step(action)
+
+
+def test_time_limit_is_a_truncation_at_500():
+    env = gym.make(CARTPOLE_NOVEL_ID)
+    env.reset(seed=0)
+    env._elapsed_steps = 499  # the outermost wrapper is gymnasium's TimeLimit
+    assert isinstance(env, gym.wrappers.TimeLimit)
+    _, _, terminated, truncated, _ = env.step(0)
+    assert truncated and not terminated
+
+
+def test_module_colon_id_imports_the_module():
+    assert resolve_env_id(f"rppo_td.envs:{CARTPOLE_NOVEL_ID}") == CARTPOLE_NOVEL_ID
+    assert make_env(f"rppo_td.envs:{CARTPOLE_NOVEL_ID}").observation_space.shape == (2,)
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("NoSuchEnv-v0", "unknown env 'NoSuchEnv-v0'"),
+        ("no_such_module_xyz:Foo-v0", "cannot import module 'no_such_module_xyz'"),
+        (":Foo-v0", "must look like 'module:EnvId'"),
+        ("", "non-empty"),
+    ],
+)
+def test_bad_env_ids_raise_clear_errors(env_id, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_env_id(env_id)
+
+
+def test_vector_env_autoresets_in_same_step_mode():
+    env = make_vector_env(CARTPOLE_NOVEL_ID, 3)
+    assert env.autoreset_mode == AutoresetMode.SAME_STEP
+    env.reset(seed=0)
+    for _ in range(200):
+        obs, _, terminated, truncated, info = env.step(np.zeros(3, dtype=np.int64))
+        done = terminated | truncated
+        if done.any():
+            i = int(np.flatnonzero(done)[0])
+            assert info["_final_obs"][i]
+            # the returned observation is the reset one, the final one is in the info
+            assert not np.allclose(obs[i], info["final_obs"][i])
+            return
+    pytest.fail("no episode ended in 200 steps of a constant action")
+
+
+def test_vector_env_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="num_envs"):
+        make_vector_env(CARTPOLE_NOVEL_ID, 0)
