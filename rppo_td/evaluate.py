@@ -9,6 +9,7 @@ import sys
 import time
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -46,10 +47,8 @@ def evaluate_agent(
     is_init = torch.ones(episodes, dtype=torch.bool)
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
-    low_high = (
-        (env.single_action_space.low, env.single_action_space.high)
-        if hasattr(env.single_action_space, "low") else None
-    )
+    space = env.single_action_space
+    low_high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     was_training = agent.training
     agent.eval()
     while running.any():

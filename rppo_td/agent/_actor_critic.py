@@ -12,6 +12,7 @@ from torch import nn
 
 from rppo_td.agent._encoders import ObservationEncoder
 from rppo_td.agent._heads import make_action_head
+from rppo_td.agent._normalizer import ObservationNormalizer
 from rppo_td.agent._spaces import observation_leaves
 
 __all__ = ["ActorCriticOutput", "RecurrentActorCritic", "Recurrence"]
@@ -88,6 +89,8 @@ class RecurrentActorCritic(nn.Module):
         shared_critic: one encoder and core for both heads; False (default) gives the critic
             its own, so value-loss gradients never move the policy's features. Separate
             states are stored side by side: ``[..., :H]`` actor, ``[..., H:]`` critic.
+        normalize_observations: standardise float vector leaves with running statistics
+            (``ObservationNormalizer``; updated by the trainer between rollouts).
 
     Example:
         >>> from tensordict import TensorDict
@@ -109,6 +112,7 @@ class RecurrentActorCritic(nn.Module):
         num_layers: int = 1,
         head_layers: int = 1,
         shared_critic: bool = False,
+        normalize_observations: bool = True,
     ) -> None:
         super().__init__()
         if recurrence not in ("lstm", "gru", "none"):
@@ -124,15 +128,15 @@ class RecurrentActorCritic(nn.Module):
         self.num_layers = num_layers
         self.shared_critic = shared_critic
         self.leaves = observation_leaves(observation_space)
+        self.normalizer = ObservationNormalizer(self.leaves) if normalize_observations else None
         self.actor_trunk = _Trunk(self.leaves, recurrence, hidden_size, num_layers)
         self.critic_trunk = (
             None if shared_critic else _Trunk(self.leaves, recurrence, hidden_size, num_layers)
         )
         self.action_head = make_action_head(action_space, hidden_size)
+        self.policy_mlp: nn.Module = nn.Identity()
         if head_layers:
             self.policy_mlp = _mlp_head(hidden_size, hidden_size, head_layers - 1, hidden_size, 1.0)
-        else:
-            self.policy_mlp = nn.Identity()
         self.value_head = _mlp_head(hidden_size, hidden_size, head_layers, 1, 1.0)
 
     @property
@@ -165,6 +169,9 @@ class RecurrentActorCritic(nn.Module):
         joined = tuple(torch.cat(pair, dim=-1) for pair in zip(final, critic_final, strict=True))
         return features, critic, joined
 
+    def _normalize(self, obs: TensorDictBase) -> TensorDictBase:
+        return obs if self.normalizer is None else self.normalizer(obs)
+
     def _heads(self, actor: torch.Tensor, critic: torch.Tensor):
         return self.action_head(self.policy_mlp(actor)), self.value_head(critic)
 
@@ -190,7 +197,7 @@ class RecurrentActorCritic(nn.Module):
             the states leaving the step.
         """
         state = self.reset_state(state, is_init)
-        actor, critic, new_state = self._trunks(obs.unsqueeze(1), state)
+        actor, critic, new_state = self._trunks(self._normalize(obs).unsqueeze(1), state)
         dist, value = self._heads(actor.squeeze(1), critic.squeeze(1))
         action = dist.mode if deterministic else dist.sample()
         return ActorCriticOutput(action, dist.log_prob(action), value, new_state)
@@ -198,7 +205,7 @@ class RecurrentActorCritic(nn.Module):
     @torch.no_grad()
     def value(self, obs: TensorDictBase, state: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """``V(obs)`` ``[W, 1]`` from the states entering the step (no reset)."""
-        _, critic, _ = self._trunks(obs.unsqueeze(1), state, actor=False)
+        _, critic, _ = self._trunks(self._normalize(obs).unsqueeze(1), state, actor=False)
         return self.value_head(critic.squeeze(1))
 
     def evaluate(
@@ -214,7 +221,7 @@ class RecurrentActorCritic(nn.Module):
         Returns:
             ``(log_prob [B, L], entropy [B, L], value [B, L, 1])``.
         """
-        actor, critic, _ = self._trunks(obs, state)
+        actor, critic, _ = self._trunks(self._normalize(obs), state)
         dist, value = self._heads(actor, critic)
         return dist.log_prob(action), dist.entropy(), value
 
@@ -223,5 +230,7 @@ class RecurrentActorCritic(nn.Module):
         state: tuple[torch.Tensor, ...], is_init: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         """Zeroes each ``[W, layers, H]`` state where ``is_init`` ``[W]`` is True."""
-        keep = (~is_init).view(-1, 1, 1).to(state[0].dtype) if state else None
+        if not state:
+            return state
+        keep = (~is_init).view(-1, 1, 1).to(state[0].dtype)
         return tuple(s * keep for s in state)

@@ -71,7 +71,7 @@ class _Flatten(nn.Module):
 
 
 def _leaf_encoder(space: gym.Space, image_features: int) -> tuple[nn.Module, int]:
-    if is_image(space):
+    if isinstance(space, gym.spaces.Box) and is_image(space):
         return _ImageEncoder(space, image_features), image_features
     if isinstance(space, gym.spaces.Discrete):
         return _OneHot([int(space.n)], multi=False), int(space.n)

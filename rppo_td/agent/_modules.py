@@ -57,7 +57,7 @@ class RecurrentPolicyModule(TensorDictModuleBase):
         is_init = flat.get("is_init").reshape(-1)
         obs = flat.select(*[key for key, _ in self.agent.leaves])
         out = self.agent.act(obs, state, is_init, deterministic=self.deterministic)
-        results = {
+        results: dict[str | tuple[str, str], torch.Tensor] = {
             "action": out.action, "action_log_prob": out.log_prob, "state_value": out.value,
             **{("next", key): value for key, value in zip(keys, out.state, strict=True)},
         }

@@ -23,6 +23,8 @@ _LOG_RANGE = 600.0
 def _block_length(decay: float, steps: int) -> int:
     if decay >= 1.0:
         return steps
+    if decay <= 0.0:  # e.g. decay**16 of a tiny decay underflows to 0 in the two-level path
+        return 1
     return max(1, min(steps, int(_LOG_RANGE / -math.log(decay))))
 
 
@@ -37,6 +39,11 @@ def discounted_segment_sum(
     ``decay**k * x[k]`` and ``e(t)`` is the first step at or after ``t`` with ``carry_on`` False.
     Blocks are sized so that ``decay**K`` stays in float64's range; the few blocks are chained
     from the last to the first. Sums run in float64 and are cast back to ``x.dtype``.
+
+    Large inputs (``2**16`` elements or more) take a two-level path that reads memory fewer
+    times: the recursion runs inside blocks of 16 steps, all blocks at once (16 vector steps),
+    then the block totals, a segment sum with ``decay**16``, are chained by the method above
+    and added back. Both paths compute the same float64 sums.
 
     Args:
         x: ``[*B, T, *F]`` float (with ``time_dim`` pointing at ``T``).
@@ -62,8 +69,24 @@ def discounted_segment_sum(
     # the start of every segment, with no flip of intermediate results.
     x_rows = x.movedim(dim, -1)
     moved_shape = x_rows.shape
-    x_rev = x_rows.reshape(-1, steps).flip(-1)
-    keep_rev = carry_on.movedim(dim, -1).reshape(-1, steps).flip(-1)
+    y = _rows_sum(
+        x_rows.reshape(-1, steps), carry_on.movedim(dim, -1).reshape(-1, steps), decay
+    )
+    return y.reshape(moved_shape).movedim(-1, dim).contiguous()
+
+
+# From this many elements on, the two-level path is faster (fewer passes over memory).
+_TWO_LEVEL_MIN = 1 << 16
+_LEVEL_BLOCK = 16
+
+
+def _rows_sum(x: torch.Tensor, keep: torch.Tensor, decay: float) -> torch.Tensor:
+    """``discounted_segment_sum`` over ``[R, T]`` rows (time last); ``x.dtype`` result."""
+    steps = x.shape[-1]
+    if x.numel() >= _TWO_LEVEL_MIN and steps >= 2 * _LEVEL_BLOCK:
+        return _two_level_sum(x, keep, decay)
+    x_rev = x.flip(-1)
+    keep_rev = keep.flip(-1)
     block = _block_length(decay, steps)
     out_rev = torch.empty_like(x_rev)
     carry: torch.Tensor | None = None
@@ -72,7 +95,41 @@ def discounted_segment_sum(
         y = _segment_sum_block(x_rev[:, start:stop], keep_rev[:, start:stop], decay, carry)
         out_rev[:, start:stop] = y
         carry = y[:, -1:]
-    return out_rev.flip(-1).view(moved_shape).movedim(-1, dim).contiguous()
+    return out_rev.flip(-1)
+
+
+def _two_level_sum(x: torch.Tensor, keep: torch.Tensor, decay: float) -> torch.Tensor:
+    """The recursion inside blocks of ``b`` steps, then across the block totals.
+
+    With ``a[t] = decay * keep[t]``, inside a block ``y[t] = local[t] + P[t] * Y[k + 1]`` where
+    ``local`` is the recursion cut at the block's end, ``P[t]`` the product of ``a`` from ``t``
+    to the block's end and ``Y[k + 1]`` the sum at the next block's first step. The block
+    sums ``Y[k] = local[k, 0] + P[k, 0] * Y[k + 1]`` are themselves a segment sum with decay
+    ``decay**b`` (``P[k, 0]`` is that or 0), solved by ``_rows_sum``.
+    """
+    rows, steps = x.shape
+    b = _LEVEL_BLOCK
+    blocks = -(-steps // b)
+    extra = blocks * b - steps
+    if extra:  # zeros after the end change nothing: y[T] = 0 anyway
+        x = torch.nn.functional.pad(x, (0, extra))
+        keep = torch.nn.functional.pad(keep, (0, extra))
+    # [b, R, blocks] float64: step j of every block in one contiguous vector
+    local = torch.empty(b, rows, blocks, dtype=torch.float64, device=x.device)
+    local.copy_(x.view(rows, blocks, b).permute(2, 0, 1))
+    reach = torch.empty_like(local).copy_(keep.view(rows, blocks, b).permute(2, 0, 1))
+    reach.mul_(decay)
+    for j in range(b - 2, -1, -1):
+        local[j].addcmul_(reach[j], local[j + 1])
+        reach[j].mul_(reach[j + 1])
+    # reach[0] is decay**b where no cut is in the block, else 0
+    totals = _rows_sum(local[0], reach[0] != 0, decay**b)
+    following = torch.nn.functional.pad(totals[:, 1:], (0, 1))
+    local.addcmul_(reach, following)
+    out = torch.empty(rows, blocks, b, dtype=x.dtype, device=x.device)
+    out.copy_(local.permute(1, 2, 0))
+    out = out.view(rows, blocks * b)
+    return out[:, :steps] if extra else out
 
 
 def _segment_sum_block(

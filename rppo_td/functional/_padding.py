@@ -55,6 +55,21 @@ def pad_sequences(
         tensor([[1, 2],
                 [3, 0]])
     """
+    return pad_rows(x, flat_index.flatten(), pad_positions, flat_index.shape, batch_dims)
+
+
+def pad_rows(
+    x: torch.Tensor,
+    flat_index: torch.Tensor,
+    pad_positions: torch.Tensor,
+    shape: torch.Size,
+    batch_dims: int = 2,
+) -> torch.Tensor:
+    """``pad_sequences`` with the index already flat (``[B * Lp]``) and its shape given.
+
+    The per-leaf inner step of ``SequenceLayout.gather``, which flattens the index once for
+    all leaves.
+    """
     feature = x.shape[batch_dims:]
     # one row per step with the features flattened (1-D for a single feature): index_select
     # takes its cheapest path on 1-D and 2-D contiguous tensors
@@ -65,10 +80,10 @@ def pad_sequences(
         steps = x.reshape(-1, width)
     else:
         steps = x.reshape(-1, *feature)
-    out = steps.index_select(0, flat_index.flatten())
+    out = steps.index_select(0, flat_index)
     if pad_positions.numel():
         out.index_fill_(0, pad_positions, 0)
-    return out.view(*flat_index.shape, *feature)
+    return out.view(*shape, *feature)
 
 
 def unpad_sequences(

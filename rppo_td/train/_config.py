@@ -40,6 +40,8 @@ class TrainConfig:
     hidden_size: int = _doc("width of encoder, recurrent core and heads", default=64)
     num_layers: int = _doc("recurrent layers", default=1)
     head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1)
+    normalize_observations: bool = _doc("standardise vector observations (running stats)",
+                                        default=True)
     shared_critic: bool = _doc("share the encoder and core between policy and value",
                                default=False)
     gamma: float = _doc("discount", default=0.98)
@@ -54,6 +56,9 @@ class TrainConfig:
     entropy_coef: float = _doc("entropy bonus coefficient", default=0.0)
     max_grad_norm: float = _doc("gradient-norm clip", default=0.5)
     normalize_advantage: bool = _doc("normalise advantages over real steps", default=True)
+    advantage_eps: float = _doc(
+        "added to the advantage std when normalising; a floor that keeps near-zero "
+        "advantages (a solved task) from being blown up to unit scale", default=1e-8)
     seed: int = _doc("seed of torch, numpy, the envs and the sampler", default=0)
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
     threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1)
@@ -81,19 +86,20 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        floats = {
+        floats: dict[str, tuple[float, float]] = {
             "gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0), "clip_epsilon": (0.0, 10.0),
             "learning_rate": (0.0, 1.0), "value_coef": (0.0, 1e6),
             "entropy_coef": (0.0, 1e6), "max_grad_norm": (0.0, 1e6),
+            "advantage_eps": (0.0, 1e6),
         }
         for name, (low, high) in floats.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                low <= value <= high
+            number = getattr(self, name)
+            if isinstance(number, bool) or not isinstance(number, int | float) or not (
+                low <= number <= high
             ):
-                raise ValueError(f"{name} must be a number in [{low}, {high}], got {value!r}")
+                raise ValueError(f"{name} must be a number in [{low}, {high}], got {number!r}")
         for name in ("anneal_lr", "anneal_clip", "normalize_advantage", "progress",
-                     "shared_critic"):
+                     "shared_critic", "normalize_observations"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.recurrence not in ("lstm", "gru", "none"):

@@ -98,9 +98,12 @@ class Trainer:
                 num_minibatches=config.num_minibatches, value_coef=config.value_coef,
                 entropy_coef=config.entropy_coef, max_grad_norm=config.max_grad_norm,
                 normalize_advantage=config.normalize_advantage,
+                advantage_eps=config.advantage_eps,
             ),
         )
-        self.counters = {"update": 0, "env_steps": 0, "wall_time_s": 0.0, "episodes": 0}
+        self.counters: dict[str, Any] = {
+            "update": 0, "env_steps": 0, "wall_time_s": 0.0, "episodes": 0,
+        }
         self.recent: collections.deque = collections.deque(maxlen=20)
         self.recent_lengths: collections.deque = collections.deque(maxlen=20)
         if checkpoint is not None:
@@ -164,6 +167,8 @@ class Trainer:
         start = time.perf_counter()
         rollout = self.collector.rollout().to(self.device)
         stats = self.ppo(rollout, clip_epsilon=clip)
+        if self.agent.normalizer is not None:
+            self.agent.normalizer.update(rollout.select(*[k for k, _ in self.agent.leaves]))
         elapsed = time.perf_counter() - start
         returns, lengths = self.collector.stats.pop()
         self.recent.extend(returns)

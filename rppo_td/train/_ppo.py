@@ -29,6 +29,7 @@ class PPOSettings:
     entropy_coef: float
     max_grad_norm: float
     normalize_advantage: bool
+    advantage_eps: float = 1e-8
 
 
 def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,7 @@ class PPOUpdate:
         log_prob, entropy, value = self.agent.evaluate(obs, state, batch["action"])
         advantage = batch["advantage"].squeeze(-1)
         if s.normalize_advantage:
-            advantage = masked_normalize(advantage, mask)
+            advantage = masked_normalize(advantage, mask, eps=s.advantage_eps)
         log_ratio = log_prob - batch["action_log_prob"]
         ratio = log_ratio.exp()
         surrogate = torch.minimum(

@@ -31,6 +31,7 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
         observation_space, action_space, recurrence=config.recurrence,
         hidden_size=config.hidden_size, num_layers=config.num_layers,
         head_layers=config.head_layers, shared_critic=config.shared_critic,
+        normalize_observations=config.normalize_observations,
     )
 
 

@@ -102,7 +102,7 @@ class VectorCollector:
         w = self.num_envs
         names = ("action", "action_log_prob", "state_value", "is_init", *agent.state_keys)
         record: dict[str, list] = {name: [] for name in (*names, "obs", "next_obs", "final_value")}
-        flags = {name: [] for name in ("reward", "terminated", "truncated")}
+        flags: dict[str, list[np.ndarray]] = {n: [] for n in ("reward", "terminated", "truncated")}
         for _ in range(self.rollout_steps):
             state = agent.reset_state(self.state, self.is_init.to(dev))
             out = agent.act(self.obs.to(dev), state, self.is_init.to(dev))
@@ -129,11 +129,11 @@ class VectorCollector:
             self.stats.update(np.asarray(reward, dtype=np.float64), done)
             self.obs, self.state = next_obs, out.state
             self.is_init = torch.as_tensor(done)
-        td = torch.stack(record.pop("obs"), dim=1)
-        nxt = torch.stack(record.pop("next_obs"), dim=1)
-        for name, values in record.items():
+        td: TensorDict = torch.stack(record.pop("obs"), dim=1)  # type: ignore[assignment]
+        nxt: TensorDict = torch.stack(record.pop("next_obs"), dim=1)  # type: ignore[assignment]
+        for name, stacked in record.items():
             target = nxt if name == "final_value" else td
-            target.set("state_value" if name == "final_value" else name, torch.stack(values, 1))
+            target.set("state_value" if name == "final_value" else name, torch.stack(stacked, 1))
         reward = torch.as_tensor(np.stack(flags["reward"], 1), dtype=torch.float32)
         terminated = torch.as_tensor(np.stack(flags["terminated"], 1))
         truncated = torch.as_tensor(np.stack(flags["truncated"], 1))
@@ -157,7 +157,7 @@ class VectorCollector:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly: env copies, observation, state, stats."""
         return {
-            "envs": self.env.envs if hasattr(self.env, "envs") else None,
+            "envs": getattr(self.env, "envs", None),
             "obs": self.obs, "state": self.state, "is_init": self.is_init,
             "running_return": self.stats.running_return.copy(),
             "running_length": self.stats.running_length.copy(),
@@ -166,8 +166,8 @@ class VectorCollector:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores ``state_dict()``; the envs are replaced by the pickled copies."""
         if state.get("envs") is not None:
-            self.env.envs = list(state["envs"])
-            self.env._autoreset_envs = np.zeros(self.num_envs, dtype=np.bool_)
+            # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
+            self.env.envs = list(state["envs"])  # type: ignore[attr-defined]
         self.obs, self.state, self.is_init = state["obs"], tuple(state["state"]), state["is_init"]
         self.stats.running_return = state["running_return"].copy()
         self.stats.running_length = state["running_length"].copy()

@@ -9,7 +9,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
-from rppo_td.functional._padding import pad_sequences, padding_positions
+from rppo_td.functional._padding import pad_rows, padding_positions
 from rppo_td.functional._sequences import sequence_layout
 
 __all__ = ["SequenceLayout"]
@@ -78,9 +78,16 @@ class SequenceLayout:
         Every tensor leaf of ``td`` (``[W, T, *F]``) becomes ``[B, Lp, *F]`` with zero padding;
         adds ``loss_mask``, ``worker_index`` and ``time_index`` (zero on padding too).
         """
-        flat = self.flat_index if index is None else self.flat_index[index]
-        mask = self.loss_mask if index is None else self.loss_mask[index]
+        if index is None:
+            flat, mask = self.flat_index, self.loss_mask
+        elif index.ndim == 1 and index.dtype == torch.int64:
+            # index_select is a plain row gather, cheaper than advanced indexing
+            flat = self.flat_index.index_select(0, index)
+            mask = self.loss_mask.index_select(0, index)
+        else:
+            flat, mask = self.flat_index[index], self.loss_mask[index]
         pads = padding_positions(mask)
+        flat_steps = flat.flatten()
         # Leaves go into a nested dict and the tensordict is built once at the end: setting
         # them one by one into a tensordict with a device costs more than the gathers at small
         # shapes.
@@ -94,13 +101,16 @@ class SequenceLayout:
                     f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
                     "can be regrouped into sequences (exclude it first)"
                 )
-            _put(source, key, pad_sequences(value, flat, pads))
+            _put(source, key, pad_rows(value, flat_steps, pads, flat.shape))
         # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
-        worker = torch.div(flat, self.time_steps, rounding_mode="floor")
+        # flat >= 0, so truncation is floor division (and cheaper)
+        worker = torch.div(flat, self.time_steps, rounding_mode="trunc")
         _put(source, keys.loss_mask, mask)
         _put(source, keys.worker_index, worker)
         _put(source, keys.time_index, flat - worker * self.time_steps)
-        return TensorDict(source, batch_size=flat.shape, device=td.device)
+        # every leaf was built above as [B, Lp, *F] on td's device: the checks of
+        # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
+        return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
 
 
 def _put(source: dict, key: NestedKey, value: torch.Tensor) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rppo_td import GAE, EpisodeSplitter, SequenceChunker, SequencePadder, functional
@@ -182,3 +182,32 @@ def test_discounted_segment_sum_matches_loop(data):
     torch.testing.assert_close(
         y.view(steps), torch.tensor(expected, dtype=torch.float64), atol=1e-9, rtol=1e-9
     )
+
+
+# each example sums 2**16+ elements (about 0.3 s with the loop oracle), so this one property
+# runs at most 25 examples even under the ci profile; the small-input property above runs
+# the full count over the same recursion
+@settings(max_examples=min(settings().max_examples, 25))
+@given(data=st.data())
+def test_discounted_segment_sum_matches_loop_on_large_inputs(data):
+    # 2**16 elements or more: the size from which a faster blocked path may be taken
+    steps = data.draw(st.integers(32, 300), label="T")
+    rows = -(-(1 << 16) // steps) + data.draw(st.integers(0, 3), label="extra rows")
+    decay = data.draw(
+        st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(0.0, 1.0)), label="decay"
+    )
+    cut_rate = data.draw(st.sampled_from([0.0, 0.02, 0.3]), label="cut rate")
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31), label="seed"))
+    x = torch.randn(rows, steps, 1, generator=generator, dtype=torch.float64)
+    carry_on = torch.rand(rows, steps, 1, generator=generator) >= cut_rate
+    y = functional.discounted_segment_sum(x, carry_on, decay)
+    # the loop over a few rows, chosen by the generator, keeps the oracle affordable
+    for row in [*torch.randint(0, rows, (4,), generator=generator).tolist(), rows - 1]:
+        expected = reference_segment_sum(x[row, :, 0].tolist(), carry_on[row, :, 0].tolist(), decay)
+        torch.testing.assert_close(
+            y[row, :, 0], torch.tensor(expected, dtype=torch.float64), atol=1e-9, rtol=1e-9
+        )
+    # and float32 inputs give float32 results of the same sums
+    y32 = functional.discounted_segment_sum(x.float(), carry_on, decay)
+    assert y32.dtype == torch.float32
+    torch.testing.assert_close(y32, y.float(), atol=1e-4, rtol=1e-4)

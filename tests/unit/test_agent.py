@@ -171,3 +171,22 @@ def test_policy_module_and_primer():
     assert set(primer.primers.keys()) == {"recurrent_state_h", "recurrent_state_c"}
     with pytest.raises(ValueError, match="no recurrent state"):
         recurrent_state_primer(RecurrentActorCritic(BOX, ACTIONS["discrete"], recurrence="none"))
+
+
+def test_observation_normalizer_running_statistics():
+    from rppo_td.agent._normalizer import ObservationNormalizer
+
+    norm = ObservationNormalizer(observation_leaves(SPACES["tuple"]))
+    assert norm.keys == [("observation", "0")]  # the Discrete leaf passes through
+    data = torch.randn(50, 3, dtype=torch.float64) * 3 + 1
+    for chunk in data.split([20, 30]):
+        norm.update(TensorDict({"observation": {"0": chunk.float()}}, [chunk.shape[0]]))
+    torch.testing.assert_close(norm.mean_0, data.mean(0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(norm.var_0, data.var(0, unbiased=False), rtol=1e-4, atol=1e-4)
+    td = TensorDict({"observation": {"0": data.float(), "1": torch.zeros(50, dtype=torch.long)}},
+                    [50])
+    out = norm(td)
+    torch.testing.assert_close(out["observation", "0"].mean(0), torch.zeros(3), atol=1e-4,
+                               rtol=0)
+    assert out["observation", "1"] is td["observation", "1"]
+    assert td["observation", "0"].dtype == torch.float32  # input left as it was

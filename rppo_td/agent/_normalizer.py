@@ -1,0 +1,85 @@
+"""Running mean/variance normalisation of the vector observation leaves."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDictBase
+from torch import nn
+
+from rppo_td.agent._spaces import ObservationLeaf, is_image
+
+__all__ = ["ObservationNormalizer"]
+
+
+class ObservationNormalizer(nn.Module):
+    """Standardises float vector observation leaves with running statistics.
+
+    Leaves that are float ``Box`` spaces (not images) are mapped to
+    ``clamp((x - mean) / sqrt(var + eps), -clip, clip)``; other leaves pass through. The
+    statistics start at mean 0, variance 1 and are buffers (saved with the model); they change
+    only in ``update``, which the
+    trainer calls after each PPO update, so a rollout and the update on it see the same
+    normalisation and the first-epoch probability ratio is exactly 1.
+
+    Args:
+        leaves: from ``observation_leaves``.
+        clip: bound of the normalised values.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from tensordict import TensorDict
+        >>> from rppo_td.agent._spaces import observation_leaves
+        >>> norm = ObservationNormalizer(observation_leaves(gym.spaces.Box(-9, 9, (2,))))
+        >>> norm.update(TensorDict({"observation": torch.tensor([[1.0, 0.0], [3.0, 0.0]])}, [2]))
+        >>> norm(TensorDict({"observation": torch.tensor([[3.0, 0.0]])}, [1]))["observation"]
+        tensor([[1., 0.]])
+    """
+
+    def __init__(self, leaves: list[ObservationLeaf], *, clip: float = 10.0) -> None:
+        super().__init__()
+        import gymnasium as gym
+
+        self.keys = [
+            key for key, space in leaves
+            if isinstance(space, gym.spaces.Box) and not is_image(space)
+            and space.dtype.kind == "f"
+        ]
+        self.shapes: dict = {key: tuple(space.shape or ()) for key, space in leaves
+                             if key in self.keys}
+        self.clip = clip
+        for i, key in enumerate(self.keys):
+            shape = self.shapes[key]
+            self.register_buffer(f"mean_{i}", torch.zeros(shape, dtype=torch.float64))
+            self.register_buffer(f"var_{i}", torch.ones(shape, dtype=torch.float64))
+        self.count: torch.Tensor
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, obs: TensorDictBase) -> TensorDictBase:
+        """Obs with batch ``[*B]`` -> a shallow copy with the float leaves standardised."""
+        if not self.keys:
+            return obs
+        out = obs.copy()
+        for i, key in enumerate(self.keys):
+            mean = getattr(self, f"mean_{i}").to(torch.float32)
+            std = getattr(self, f"var_{i}").to(torch.float32).add(1e-8).sqrt()
+            out.set(key, ((obs.get(key) - mean) / std).clamp(-self.clip, self.clip))
+        return out
+
+    @torch.no_grad()
+    def update(self, obs: TensorDictBase) -> None:
+        """Merges the statistics of ``obs`` (any batch) into the running ones (Chan et al.)."""
+        if not self.keys:
+            return
+        n = 0
+        for i, key in enumerate(self.keys):
+            x = obs.get(key).reshape(-1, *self.shapes[key]).to(torch.float64)
+            n = x.shape[0]
+            mean, var = getattr(self, f"mean_{i}"), getattr(self, f"var_{i}")
+            batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
+            total = self.count + n
+            delta = batch_mean - mean
+            new_mean = mean + delta * n / total
+            m2 = var * self.count + batch_var * n + delta.square() * self.count * n / total
+            mean.copy_(new_mean)
+            var.copy_(m2 / total)
+        self.count += n
