@@ -55,7 +55,10 @@ class TrainConfig:
     value_coef: float = _doc("value loss coefficient", default=0.5)
     entropy_coef: float = _doc("entropy bonus coefficient", default=0.0)
     max_grad_norm: float = _doc("gradient-norm clip", default=0.5)
-    normalize_advantage: bool = _doc("normalise advantages over real steps", default=True)
+    normalize_advantage: bool = _doc(
+        "standardise advantages per minibatch over real steps (masked_normalize); off by "
+        "default: once the task is solved it scales noise up to unit size and the policy "
+        "drifts", default=False)
     advantage_eps: float = _doc(
         "added to the advantage std when normalising; a floor that keeps near-zero "
         "advantages (a solved task) from being blown up to unit scale", default=1e-8)
@@ -92,12 +95,12 @@ class TrainConfig:
             "entropy_coef": (0.0, 1e6), "max_grad_norm": (0.0, 1e6),
             "advantage_eps": (0.0, 1e6),
         }
-        for name, (low, high) in floats.items():
+        for name, (lo, hi) in floats.items():
             number = getattr(self, name)
             if isinstance(number, bool) or not isinstance(number, int | float) or not (
-                low <= number <= high
+                lo <= number <= hi
             ):
-                raise ValueError(f"{name} must be a number in [{low}, {high}], got {number!r}")
+                raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {number!r}")
         for name in ("anneal_lr", "anneal_clip", "normalize_advantage", "progress",
                      "shared_critic", "normalize_observations"):
             if not isinstance(getattr(self, name), bool):
