@@ -317,6 +317,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--shape", default=None, help="only shapes whose name contains this")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-mode", default="lazy", help=argparse.SUPPRESS)
@@ -324,6 +325,8 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     shapes = QUICK_SHAPES if args.quick else PIPELINE_SHAPES
+    if args.shape is not None:
+        shapes = tuple(s for s in shapes if args.shape in s.name)
 
     if args.memory_child is not None:
         shape = next(s for s in (*PIPELINE_SHAPES, *QUICK_SHAPES) if s.name == args.memory_child)

@@ -146,9 +146,17 @@ def sequence_layout(
         )
     check_dtype("sequence_id", sequence_id, torch.int64)
     check_dtype("sequence_offset", sequence_offset, torch.int64)
-    num_sequences, padded_length = (
-        torch.stack([sequence_id[-1, -1] + 1, sequence_offset.max() + 1]).tolist()
-    )
+    consistent = _ids_consistent(sequence_id, sequence_offset)
+    num_sequences, padded_length, ok = torch.stack(
+        [sequence_id[-1, -1] + 1, sequence_offset.max() + 1, consistent]
+    ).tolist()
+    if not ok:
+        raise ValueError(
+            "sequence_id and sequence_offset are inconsistent: ids must count 0, 1, ... in "
+            "row-major order, each row starting a new sequence, and offsets must run 0, 1, ... "
+            "within every sequence (was the rollout sliced in time after chunking? run "
+            "SequenceChunker again)"
+        )
     dest = (sequence_id * padded_length + sequence_offset).flatten()
     size = num_sequences * padded_length
     device = sequence_id.device
@@ -158,3 +166,21 @@ def sequence_layout(
     loss_mask[dest] = True
     shape = (num_sequences, padded_length)
     return flat_index.view(shape), loss_mask.view(shape)
+
+
+def _ids_consistent(sequence_id: torch.Tensor, sequence_offset: torch.Tensor) -> torch.Tensor:
+    """0-dim int64, 1 when the ids and offsets are what ``chunk_episodes`` writes, else 0."""
+    time_steps = sequence_id.shape[1]
+    flat_id = sequence_id.flatten()
+    flat_offset = sequence_offset.flatten()
+    step = flat_id[1:] - flat_id[:-1]
+    row_start = torch.arange(1, flat_id.numel(), device=flat_id.device) % time_steps == 0
+    starts = torch.cat([flat_id.new_ones(1, dtype=torch.bool), step == 1])
+    expected = torch.cat([flat_offset.new_zeros(1), flat_offset[:-1] + 1])
+    ok = (
+        (flat_id[0] == 0)
+        & ((step == 0) | (step == 1)).all()
+        & ~(row_start & (step != 1)).any()
+        & (flat_offset == torch.where(starts, 0, expected)).all()
+    )
+    return ok.to(torch.int64)

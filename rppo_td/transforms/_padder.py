@@ -25,7 +25,10 @@ class SequencePadder(RolloutTransform):
 
     ``inv`` turns a padded tensordict back into the ``[W, T]`` rollout exactly, from
     ``worker_index`` and ``time_index`` alone; a tensordict without ``loss_mask`` passes through
-    unchanged (so ``ReplayBuffer.extend`` can store rollouts).
+    unchanged (so ``ReplayBuffer.extend`` can store rollouts). It needs all the sequences of one
+    rollout, in any order: ``[W, T]`` is read off the largest indices, and a missing or repeated
+    step is an error. To scatter values of a subset (one minibatch), index a ``[W, T]`` tensor
+    with that subset's ``worker_index`` and ``time_index`` where ``loss_mask`` is True.
 
     Args:
         keys: key overrides.

@@ -142,3 +142,15 @@ def test_empty_feature_tensor_dims():
     )
     padded = SequencePadder()(SequenceChunker(sequence_length=2)(EpisodeSplitter()(td)))
     assert padded["scalar"].tolist() == [[0.0, 1.0], [2.0, 0.0]]
+
+
+def test_rollout_sliced_in_time_after_chunking_is_refused():
+    # slicing td[:, k:] leaves sequences that start mid-way (offset > 0): padding them would
+    # give a loss_mask that is not a True prefix, so the padder refuses instead
+    done = torch.zeros(2, 8, 1, dtype=torch.bool)
+    done[:, 3] = True
+    td = TensorDict({"x": torch.arange(16.0).view(2, 8, 1), "next": {"done": done}}, [2, 8])
+    td = SequenceChunker(sequence_length=3)(EpisodeSplitter()(td))
+    assert SequencePadder()(td[:, 4:].clone()).batch_size == torch.Size([4, 3])
+    with pytest.raises(ValueError, match="inconsistent.*sliced in time"):
+        SequencePadder()(td[:, 2:].clone())
