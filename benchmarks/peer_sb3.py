@@ -30,7 +30,7 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def sb3_child(seed: int, total_steps: int, episodes: int) -> None:
+def sb3_child(seed: int, total_steps: int, episodes: int, threads: int) -> None:
     """Runs in a child process: trains and evaluates sb3-contrib, prints one JSON line."""
     import numpy as np
     import torch
@@ -39,6 +39,9 @@ def sb3_child(seed: int, total_steps: int, episodes: int) -> None:
     from stable_baselines3.common.evaluation import evaluate_policy
 
     import rppo_td  # noqa: F401  (registers the env)
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     env_id = "rppo_td/CartPoleNoVel-v1"
 
@@ -81,10 +84,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total-steps", type=int, default=100_000)
     parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--sb3-threads", type=int, default=1,
+                        help="torch threads for sb3 (default 1, as rppo-train uses; 0 keeps "
+                        "torch's default, 2 on a 2-core machine, which is much slower there "
+                        "when anything else runs)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        sb3_child(args.seed, args.total_steps, args.episodes)
+        sb3_child(args.seed, args.total_steps, args.episodes, args.sb3_threads)
         return 0
     try:
         import sb3_contrib  # noqa: F401
@@ -96,7 +103,7 @@ def main() -> int:
     load = {"before": os.getloadavg()[0]}
     proc, wall = timed([sys.executable, __file__, "--child", "--seed", str(args.seed),
                         "--total-steps", str(args.total_steps), "--episodes",
-                        str(args.episodes)])
+                        str(args.episodes), "--sb3-threads", str(args.sb3_threads)])
     if proc.returncode != 0:
         print(proc.stderr[-3000:])
         return 1

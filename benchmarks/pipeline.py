@@ -8,7 +8,8 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
 - ``rppo_td padded``: the same, but through ``SequencePadder`` first (a padded copy of the
   whole rollout) and the sampler indexing that copy.
 - ``loop reference``: ``tests/reference.py`` (GAE, episode ids, sequences and padding by Python
-  loops), then the same epoch of minibatches by indexing its padded output. CPU only.
+  loops), then the same epoch of minibatches by indexing its padded output. CPU only; timed
+  once, after the others.
 - ``torchrl split``: ``torchrl.collectors.utils.split_trajectories`` alone, given the episode
   ids as ``("collector", "traj_ids")`` as a collector would (it does less: no GAE, no chunking).
 - ``torchrl pipeline``: TorchRL's ``vec_generalized_advantage_estimate``, then
@@ -270,9 +271,14 @@ def bench_shape(
         "copy": lambda: target.copy_(source),
         "copy fresh": lambda: source.clone(),
     }
-    if reference is not None and torch.device(device).type == "cpu":
-        candidates["loop reference"] = lambda: reference_epoch(td, shape, reference)
     times = time_interleaved(candidates, repeats=repeats, device=device, max_seconds=1.0)
+    if reference is not None and torch.device(device).type == "cpu":
+        # timed once, after the others: seconds of Python loops, whose millions of small
+        # objects would otherwise reshape the heap under the candidates interleaved with it
+        times.update(time_interleaved(
+            {"loop reference": lambda: reference_epoch(td, shape, reference)},
+            repeats=1, warmup=0,
+        ))
 
     stage_runs = [rppo_stages(td, shape, device) for _ in range(max(repeats, 1))]
     stages = {

@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     torch.set_num_threads(max(1, config.threads))
     agent = build_agent(config)
-    agent.load_state_dict(data["model"])
+    try:
+        agent.load_state_dict(data["model"])
+    except RuntimeError as err:
+        parser.error(f"the checkpoint's model does not fit the agent its config builds: {err}")
     result = evaluate_agent(
         agent, config.env, episodes=args.episodes, seed=args.seed,
         deterministic=not args.stochastic,

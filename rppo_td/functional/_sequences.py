@@ -176,7 +176,9 @@ def _ids_consistent(sequence_id: torch.Tensor, sequence_offset: torch.Tensor) ->
     flat_id = sequence_id.flatten()
     flat_offset = sequence_offset.flatten()
     step = flat_id[1:] - flat_id[:-1]
-    row_start = torch.arange(1, flat_id.numel(), device=flat_id.device) % time_steps == 0
+    # True where step i + 1 starts a worker row (i + 1 a multiple of T), without a division
+    row_start = torch.zeros(flat_id.numel() - 1, dtype=torch.bool, device=flat_id.device)
+    row_start[time_steps - 1 :: time_steps] = True
     starts = torch.cat([flat_id.new_ones(1, dtype=torch.bool), step == 1])
     expected = torch.cat([flat_offset.new_zeros(1), flat_offset[:-1] + 1])
     ok = (

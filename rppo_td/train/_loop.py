@@ -79,11 +79,11 @@ class Trainer:
                 given["output"] = str(Path(config.resume))
             config = check_resumable(saved, given)
         self.config = config
+        self.device = _check_device(config.device)
         self.directory = config.output_dir()
         self.directory.mkdir(parents=True, exist_ok=True)
         if config.threads:
             torch.set_num_threads(config.threads)
-        self.device = torch.device(config.device)
         self.generator = seed_everything(config.seed)
         self.agent = build_agent(config).to(self.device)
         self.optimizer = torch.optim.Adam(
@@ -248,6 +248,17 @@ class Trainer:
         }
         write_json_atomic(self.directory / "summary.json", summary)
         return summary
+
+
+def _check_device(name: str) -> torch.device:
+    """``torch.device(name)``, refusing one this machine does not have with a clear message."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"device {name!r} is not a torch device ({err})") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available here")
+    return device
 
 
 def train(config: TrainConfig, *, given: dict[str, Any] | None = None) -> dict[str, Any] | None:

@@ -208,3 +208,11 @@ def test_truncation_bootstraps_from_the_final_observation(tmp_path):
     # the next observation is the pre-reset one, and the step after it starts an episode
     assert not torch.equal(td["next", "observation"][w, t], td["observation"][w, t + 1])
     assert bool(td["is_init"][w, t + 1])
+
+
+def test_unavailable_device_is_refused(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert main(["--preset", "smoke", "--device", "cuda", "--output", str(tmp_path / "d")]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
