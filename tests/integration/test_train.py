@@ -216,3 +216,10 @@ def test_unavailable_device_is_refused(tmp_path, capsys):
     assert main(["--preset", "smoke", "--device", "cuda", "--output", str(tmp_path / "d")]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_observation_statistics_freeze_after_normalizer_steps(tmp_path):
+    trainer, config = _run(tmp_path, normalizer_steps=128)
+    trainer.run()
+    assert config.steps_per_update == 64
+    assert float(trainer.agent.normalizer.count) == 128
