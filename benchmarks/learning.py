@@ -125,7 +125,7 @@ def main() -> int:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS / f"learning-{stamp}.json"
+    path = RESULTS / f"learning-{stamp}-{os.getpid()}.json"
     path.write_text(json.dumps({
         "when_utc": stamp, "cpus": os.cpu_count(), "platform": platform.platform(),
         "python": platform.python_version(), "rows": rows, "verdict": verdict,

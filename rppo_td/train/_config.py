@@ -42,6 +42,10 @@ class TrainConfig:
     head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1)
     normalize_observations: bool = _doc("standardise vector observations (running stats)",
                                         default=True)
+    normalizer_steps: int = _doc(
+        "env steps during which the observation statistics are updated, then frozen "
+        "(0: all run long); frozen stats keep a solved policy's inputs from drifting as "
+        "its observations narrow", default=0)
     shared_critic: bool = _doc("share the encoder and core between policy and value",
                                default=False)
     gamma: float = _doc("discount", default=0.98)
@@ -84,6 +88,7 @@ class TrainConfig:
             "total_steps": 1, "num_workers": 1, "rollout_steps": 1, "sequence_length": 1,
             "hidden_size": 1, "num_layers": 1, "head_layers": 0, "epochs": 1,
             "num_minibatches": 1, "threads": 0, "checkpoint_every": 1, "eval_episodes": 0,
+            "normalizer_steps": 0,
         }
         for name, low in ints.items():
             value = getattr(self, name)

@@ -167,7 +167,8 @@ class Trainer:
         start = time.perf_counter()
         rollout = self.collector.rollout().to(self.device)
         stats = self.ppo(rollout, clip_epsilon=clip)
-        if self.agent.normalizer is not None:
+        frozen = 0 < self.config.normalizer_steps <= self.counters["env_steps"]
+        if self.agent.normalizer is not None and not frozen:
             self.agent.normalizer.update(rollout.select(*[k for k, _ in self.agent.leaves]))
         elapsed = time.perf_counter() - start
         returns, lengths = self.collector.stats.pop()

@@ -48,9 +48,11 @@ class VectorCollector:
     ``[W, T, 1]``, the recurrent state entering each step (``[W, T, layers, H]``), and under
     ``"next"``: ``reward``, ``terminated``, ``truncated``, ``done`` (``[W, T, 1]``), the next
     observation and ``state_value``. Where an episode ends, ``("next", <obs>)`` is the final
-    observation (``info["final_obs"]``), not the reset one, and ``("next", "state_value")`` is
-    ``V(final obs)`` from the state after the step, so GAE bootstraps truncations correctly;
-    at ``t = T - 1`` it is ``V`` of the observation the next rollout starts from.
+    observation (``info["final_obs"]``), not the reset one. ``("next", "state_value")`` is
+    ``state_value[:, t + 1]`` within an episode; at a truncation it is ``V(final obs)`` from
+    the state after the step (one extra forward pass, only on steps where some env truncates),
+    so GAE bootstraps time limits correctly; at a termination it is 0 (never used); at
+    ``t = T - 1`` it is ``V`` of the observation the next rollout starts from.
 
     Args:
         env: a ``SyncVectorEnv`` built with ``AutoresetMode.SAME_STEP``
@@ -58,6 +60,7 @@ class VectorCollector:
         agent: the actor-critic; called without gradients.
         rollout_steps: ``T``.
         seed: seeds the first ``reset``.
+        device: where the agent lives; observations go there, results come back to CPU.
     """
 
     def __init__(
