@@ -5,6 +5,8 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
 - ``rppo_td``: GAE -> EpisodeSplitter -> SequenceChunker -> one epoch of ``SequenceSampler``
   minibatches gathered lazily from the rollout (every minibatch materialised, then dropped, as
   a trainer consumes them one at a time).
+- ``rppo_td reuse``: the same with ``SequenceSampler(reuse_memory=True)``: every minibatch of
+  the epoch is written into one buffer (what the trainer uses), so no fresh pages per minibatch.
 - ``rppo_td padded``: the same, but through ``SequencePadder`` first (a padded copy of the
   whole rollout) and the sampler indexing that copy.
 - ``loop reference``: ``tests/reference.py`` (GAE, episode ids, sequences and padding by Python
@@ -80,7 +82,9 @@ STAGES = ("gae", "episodes", "chunk", "layout", "plan", "gather")
 # --------------------------------------------------------------------------------------------
 # The candidates. Each takes the raw rollout and does the whole update's data work.
 # --------------------------------------------------------------------------------------------
-def rppo_epoch(td: TensorDictBase, shape: RolloutShape, *, padded: bool = False) -> int:
+def rppo_epoch(
+    td: TensorDictBase, shape: RolloutShape, *, padded: bool = False, reuse: bool = False
+) -> int:
     """rppo_td's pipeline; returns the real steps seen (a check that the epoch is whole)."""
     x = td.clone(recurse=False)  # the transforms add keys in place; keep the input as it was
     x = GAE(gamma=GAMMA, lmbda=LMBDA)(x)
@@ -89,7 +93,7 @@ def rppo_epoch(td: TensorDictBase, shape: RolloutShape, *, padded: bool = False)
     if padded:
         x = SequencePadder()(x)
     sampler = SequenceSampler(
-        shape.num_minibatches, generator=torch.Generator().manual_seed(0)
+        shape.num_minibatches, generator=torch.Generator().manual_seed(0), reuse_memory=reuse
     )
     seen = 0
     for minibatch in sampler(x):
@@ -263,8 +267,10 @@ def bench_shape(
     steps = shape.workers * shape.time_steps
     seen = rppo_epoch(td, shape)
     padded_steps = rppo_epoch(td, shape, padded=True)
+    assert rppo_epoch(td, shape, reuse=True) == seen
     candidates = {
         "rppo_td": lambda: rppo_epoch(td, shape),
+        "rppo_td reuse": lambda: rppo_epoch(td, shape, reuse=True),
         "rppo_td padded": lambda: rppo_epoch(td, shape, padded=True),
         "torchrl split": lambda: torchrl_split(with_ids),
         "torchrl pipeline": lambda: torchrl_epoch(with_ids, shape),
@@ -290,6 +296,7 @@ def bench_shape(
     ratios = {
         "rppo_td / copy": ours / median["copy"],
         "rppo_td / copy fresh": ours / median["copy fresh"],
+        "rppo_td reuse / copy": median["rppo_td reuse"] / median["copy"],
         "rppo_td padded / copy": median["rppo_td padded"] / median["copy"],
         "torchrl split / rppo_td": median["torchrl split"] / ours,
         "torchrl pipeline / rppo_td": median["torchrl pipeline"] / ours,
@@ -369,7 +376,7 @@ def main() -> None:
 
 def report(results: list[dict]) -> None:
     """Prints the time table, the ratio table, the stage breakdown and the memory table."""
-    names = ["rppo_td", "rppo_td padded", "loop reference", "torchrl split", "torchrl pipeline",
+    names = ["rppo_td", "rppo_td reuse", "rppo_td padded", "loop reference", "torchrl split", "torchrl pipeline",
              "copy", "copy fresh"]
     print("\nMedian time of one update's data work")
     rows = []

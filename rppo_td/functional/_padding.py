@@ -64,11 +64,13 @@ def pad_rows(
     pad_positions: torch.Tensor,
     shape: torch.Size,
     batch_dims: int = 2,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``pad_sequences`` with the index already flat (``[B * Lp]``) and its shape given.
 
     The per-leaf inner step of ``SequenceLayout.gather``, which flattens the index once for
-    all leaves.
+    all leaves. ``out``, when given, is a contiguous ``[B, Lp, *F]`` tensor of ``x``'s dtype
+    written in place (no allocation).
     """
     feature = x.shape[batch_dims:]
     # one row per step with the features flattened (1-D for a single feature): index_select
@@ -80,10 +82,13 @@ def pad_rows(
         steps = x.reshape(-1, width)
     else:
         steps = x.reshape(-1, *feature)
-    out = steps.index_select(0, flat_index)
+    if out is None:
+        rows = steps.index_select(0, flat_index)
+    else:
+        rows = torch.index_select(steps, 0, flat_index, out=out.view(-1, *steps.shape[1:]))
     if pad_positions.numel():
-        out.index_fill_(0, pad_positions, 0)
-    return out.view(*shape, *feature)
+        rows.index_fill_(0, pad_positions, 0)
+    return rows.view(*shape, *feature)
 
 
 def unpad_sequences(

@@ -42,10 +42,17 @@ class SequenceSampler:
     gathered straight from the rollout and no padded copy of the whole rollout is made.
     Both give the same minibatches for the same generator state.
 
+    With ``reuse_memory=True`` (rollout input only) all minibatches of one epoch are written into
+    one buffer sized for the largest: no fresh memory per minibatch, whose first touch costs as
+    much as the gather itself on large rollouts. Each minibatch is then overwritten by the next:
+    use it (forward and backward) or clone it before asking for the next one. A graph that still
+    needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
+
     Args:
         num_minibatches: ``M >= 1``; at most the number of sequences.
         generator: source of the order (CPU or the data's device); None uses torch's global one.
         balance: ``"steps"`` or ``"sequences"``.
+        reuse_memory: write every minibatch of an epoch into the same buffer (see above).
         keys: key overrides.
 
     Example:
@@ -64,12 +71,14 @@ class SequenceSampler:
         *,
         generator: torch.Generator | None = None,
         balance: Balance = "steps",
+        reuse_memory: bool = False,
         keys: RolloutKeys | None = None,
     ) -> None:
         check_minibatch_args(num_minibatches, balance)
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance
+        self.reuse_memory = bool(reuse_memory)
         self.keys = keys if keys is not None else DEFAULT_KEYS
 
     def __call__(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
@@ -102,4 +111,7 @@ class SequenceSampler:
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler")
         groups = self._groups(layout.lengths())
-        return (layout.gather(td, self.keys, index) for index in groups)
+        if not self.reuse_memory:
+            return (layout.gather(td, self.keys, index) for index in groups)
+        buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
+        return (layout.gather(td, self.keys, index, out=buffer) for index in groups)

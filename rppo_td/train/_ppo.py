@@ -65,7 +65,10 @@ class PPOUpdate:
         self.gae = GAE(gamma=settings.gamma, lmbda=settings.gae_lambda)
         self.splitter = EpisodeSplitter()
         self.chunker = SequenceChunker(sequence_length=settings.sequence_length)
-        self.sampler = SequenceSampler(settings.num_minibatches, generator=generator)
+        # each minibatch is used (forward and backward) before the next: one buffer per epoch
+        self.sampler = SequenceSampler(
+            settings.num_minibatches, generator=generator, reuse_memory=True
+        )
         self.parameters = [p for p in agent.parameters() if p.requires_grad]
         self.keys = [key for key, _ in agent.leaves] + [
             "action", "action_log_prob", "advantage", "value_target", *agent.state_keys,

@@ -70,13 +70,31 @@ class SequenceLayout:
         """``[N]`` int64, real steps per sequence."""
         return self.loss_mask.sum(-1)
 
+    def empty_buffer(self, td: TensorDictBase, rows: int) -> dict[NestedKey, torch.Tensor]:
+        """Uninitialised ``[rows, Lp, *F]`` tensors for every tensor leaf of ``td``.
+
+        ``gather(..., out=buffer)`` writes minibatches of up to ``rows`` sequences into them.
+        """
+        length = self.flat_index.shape[1]
+        return {
+            key: value.new_empty((rows, length, *value.shape[2:]))
+            for key, value in td.items(include_nested=True, leaves_only=True)
+        }
+
     def gather(
-        self, td: TensorDictBase, keys: RolloutKeys, index: torch.Tensor | None = None
+        self,
+        td: TensorDictBase,
+        keys: RolloutKeys,
+        index: torch.Tensor | None = None,
+        *,
+        out: dict[NestedKey, torch.Tensor] | None = None,
     ) -> TensorDictBase:
         """Padded sequences ``[B, Lp]`` (all ``N``, or the ones in ``index`` ``[B]``).
 
         Every tensor leaf of ``td`` (``[W, T, *F]``) becomes ``[B, Lp, *F]`` with zero padding;
-        adds ``loss_mask``, ``worker_index`` and ``time_index`` (zero on padding too).
+        adds ``loss_mask``, ``worker_index`` and ``time_index`` (zero on padding too). With
+        ``out`` (``empty_buffer``'s, at least ``B`` rows) the leaves are written into its first
+        ``B`` rows instead of fresh memory, and the result's leaves are views of it.
         """
         if index is None:
             flat, mask = self.flat_index, self.loss_mask
@@ -101,7 +119,8 @@ class SequenceLayout:
                     f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
                     "can be regrouped into sequences (exclude it first)"
                 )
-            _put(source, key, pad_rows(value, flat_steps, pads, flat.shape))
+            dest = None if out is None else out[key][: flat.shape[0]]
+            _put(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
         # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
         # flat >= 0, so truncation is floor division (and cheaper)
         worker = torch.div(flat, self.time_steps, rounding_mode="trunc")

@@ -72,6 +72,16 @@ def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance)
 
     from_padded = epoch(padded)
     from_rollout = epoch(chunked)
+    # reuse_memory writes every minibatch into one buffer: the same values, as long as each
+    # is read (here: cloned) before the next one is asked for
+    generator = torch.Generator().manual_seed(seed)
+    reusing = SequenceSampler(
+        num_minibatches, generator=generator, balance=balance, reuse_memory=True
+    )
+    from_buffer = [mb.clone() for mb in reusing(chunked)]
+    for a, b in zip(from_rollout, from_buffer, strict=True):
+        assert a.batch_size == b.batch_size
+        assert (a == b).all()
     assert len(from_padded) == len(from_rollout) == num_minibatches
     for minibatches in (from_padded, from_rollout):
         starts = [s for mb in minibatches for s in _starts(mb)]

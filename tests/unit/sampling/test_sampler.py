@@ -106,3 +106,12 @@ def test_input_checks():
         ),
     ):
         SequenceSampler(2)(_chunked()[0])
+
+
+def test_reuse_memory_overwrites_the_previous_minibatch_in_place():
+    td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
+    sampler = SequenceSampler(2, generator=torch.Generator().manual_seed(0), reuse_memory=True)
+    first, second = sampler(td)
+    # both minibatches are views of one buffer, so the first now shows the second's rows
+    assert first["observation"].data_ptr() == second["observation"].data_ptr()
+    assert torch.equal(first["observation"][0], second["observation"][0])
