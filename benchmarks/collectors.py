@@ -33,19 +33,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=TrainConfig().rollout_steps)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    print(f"{os.cpu_count()} CPUs, load(1m) {os.getloadavg()[0]:.2f}; W={args.workers}, "
-          f"T={args.steps}")
+    print(
+        f"{os.cpu_count()} CPUs, load(1m) {os.getloadavg()[0]:.2f}; W={args.workers}, "
+        f"T={args.steps}"
+    )
     for threads in (1, 2):
         torch.set_num_threads(threads)
-        config = TrainConfig(num_workers=args.workers, rollout_steps=args.steps,
-                             output=f"/tmp/rppo_collectors_{threads}", progress=False,
-                             threads=threads)
+        config = TrainConfig(
+            num_workers=args.workers,
+            rollout_steps=args.steps,
+            output=f"/tmp/rppo_collectors_{threads}",
+            progress=False,
+            threads=threads,
+        )
         trainer = Trainer(config)
         vector = collect_fps(trainer.collector, args.workers, args.steps, args.repeats)
         torchrl = collect_fps(
-            TorchRLCollector(config.env, trainer.agent, num_envs=args.workers,
-                             rollout_steps=args.steps, seed=0),
-            args.workers, args.steps, args.repeats,
+            TorchRLCollector(
+                config.env, trainer.agent, num_envs=args.workers, rollout_steps=args.steps, seed=0
+            ),
+            args.workers,
+            args.steps,
+            args.repeats,
         )
         rollout = trainer.collector.rollout()
         trainer.ppo(rollout.clone(), clip_epsilon=0.2)
@@ -53,9 +62,11 @@ def main() -> None:
         for _ in range(args.repeats):
             trainer.ppo(rollout.clone(), clip_epsilon=0.2)
         update_ms = (time.perf_counter() - start) / args.repeats * 1000
-        print(f"threads={threads}: vector {vector:7.0f} steps/s | torchrl {torchrl:7.0f} steps/s "
-              f"| ratio {vector / torchrl:4.1f}x | PPO update {update_ms:6.1f} ms "
-              f"({config.epochs} epochs x {config.num_minibatches} minibatch)")
+        print(
+            f"threads={threads}: vector {vector:7.0f} steps/s | torchrl {torchrl:7.0f} steps/s "
+            f"| ratio {vector / torchrl:4.1f}x | PPO update {update_ms:6.1f} ms "
+            f"({config.epochs} epochs x {config.num_minibatches} minibatch)"
+        )
     print(f"load(1m) after {os.getloadavg()[0]:.2f}")
 
 

@@ -84,7 +84,11 @@ def as_rollout(x: dict[str, torch.Tensor]) -> TensorDict:
 
 def candidates(x: dict[str, torch.Tensor], reference) -> dict:
     r, v, nv, term, done = (
-        x["reward"], x["state_value"], x["next_state_value"], x["terminated"], x["done"]
+        x["reward"],
+        x["state_value"],
+        x["next_state_value"],
+        x["terminated"],
+        x["done"],
     )
     out = {
         "rppo_td": lambda: generalized_advantage_estimate(
@@ -123,14 +127,13 @@ def main() -> None:
         fast = {name: fn for name, fn in fns.items() if name != "loop reference"}
         times = time_interleaved(fast, repeats=repeats)
         if "loop reference" in fns:
-            times.update(time_interleaved(
-                {"loop reference": fns["loop reference"]}, repeats=1, warmup=0
-            ))
+            times.update(
+                time_interleaved({"loop reference": fns["loop reference"]}, repeats=1, warmup=0)
+            )
         truth_name = "loop reference" if reference is not None else "torchrl loop"
         truth = fns[truth_name]()[0].to(torch.float64)
         error = {
-            name: float((fn()[0].to(torch.float64) - truth).abs().max())
-            for name, fn in fns.items()
+            name: float((fn()[0].to(torch.float64) - truth).abs().max()) for name, fn in fns.items()
         }
         fastest_torchrl = min(times["torchrl loop"]["median"], times["torchrl vec"]["median"])
         results.append(
@@ -154,13 +157,27 @@ def main() -> None:
             + [f"{r['fastest torchrl / rppo_td']:.2f}x"]
             + [f"{r['max_abs_error'][n]:.1e}" for n in ("rppo_td", "torchrl loop", "torchrl vec")]
         )
-    print_table(["W x T", *names, "fastest torchrl / rppo_td", "rppo_td max |error|",
-                 "torchrl loop max |error|", "torchrl vec max |error|"], rows)
+    print_table(
+        [
+            "W x T",
+            *names,
+            "fastest torchrl / rppo_td",
+            "rppo_td max |error|",
+            "torchrl loop max |error|",
+            "torchrl vec max |error|",
+        ],
+        rows,
+    )
     name = args.output or ("gae_quick" if args.quick else "gae")
     path = write_json(
         name,
-        {"gamma": GAMMA, "lmbda": LMBDA, "tolerance": TOLERANCE, "repeats": repeats,
-         "results": results},
+        {
+            "gamma": GAMMA,
+            "lmbda": LMBDA,
+            "tolerance": TOLERANCE,
+            "repeats": repeats,
+            "results": results,
+        },
     )
     print(f"\nwritten {path}")
 

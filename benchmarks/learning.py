@@ -36,8 +36,18 @@ TARGET_RETURN, TARGET_SEEDS, TARGET_WALL, CONTROL_MAX = 475.0, 4, 60.0, 200.0
 def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir: Path) -> dict:
     out = workdir / f"{recurrence or 'default'}-s{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "rppo_td.train", "--seed", str(seed), "--output", str(out),
-           "--no-progress", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rppo_td.train",
+        "--seed",
+        str(seed),
+        "--output",
+        str(out),
+        "--no-progress",
+        "--log-level",
+        "WARNING",
+    ]
     if recurrence is not None:
         cmd += ["--recurrence", recurrence]
     if total_steps is not None:
@@ -46,16 +56,33 @@ def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir:
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     process_wall = time.perf_counter() - start
-    row = {"recurrence": recurrence or "lstm (default)", "seed": seed, "command": " ".join(cmd[1:]),
-           "returncode": proc.returncode, "process_wall_s": process_wall,
-           "load_before": load_before, "load_after": os.getloadavg()[0]}
+    row = {
+        "recurrence": recurrence or "lstm (default)",
+        "seed": seed,
+        "command": " ".join(cmd[1:]),
+        "returncode": proc.returncode,
+        "process_wall_s": process_wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
     summary_path = out / "summary.json"
     if proc.returncode != 0 or not summary_path.exists():
         row["error"] = proc.stderr[-2000:]
         return row
     summary = json.loads(summary_path.read_text())
-    row.update({k: summary[k] for k in ("eval_return_mean", "eval_return_std", "eval_episodes",
-                                       "env_steps", "wall_time_s", "fps")})
+    row.update(
+        {
+            k: summary[k]
+            for k in (
+                "eval_return_mean",
+                "eval_return_std",
+                "eval_episodes",
+                "env_steps",
+                "wall_time_s",
+                "fps",
+            )
+        }
+    )
     row["eval_returns"] = summary.get("eval_returns", [])
     return row
 
@@ -63,27 +90,38 @@ def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir:
 def fmt(row: dict) -> str:
     if "error" in row:
         return f"{row['recurrence']:>16} {row['seed']:>4}  FAILED (exit {row['returncode']})"
-    return (f"{row['recurrence']:>16} {row['seed']:>4} {row['eval_return_mean']:>8.1f} "
-            f"{row['eval_return_std']:>6.1f} {row['env_steps']:>8} {row['wall_time_s']:>8.1f} "
-            f"{row['process_wall_s']:>8.1f} {row['fps']:>7.0f} "
-            f"{row['load_before']:>5.2f}/{row['load_after']:.2f}")
+    return (
+        f"{row['recurrence']:>16} {row['seed']:>4} {row['eval_return_mean']:>8.1f} "
+        f"{row['eval_return_std']:>6.1f} {row['env_steps']:>8} {row['wall_time_s']:>8.1f} "
+        f"{row['process_wall_s']:>8.1f} {row['fps']:>7.0f} "
+        f"{row['load_before']:>5.2f}/{row['load_after']:.2f}"
+    )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--control-seeds", type=int, nargs="*", default=[0, 1])
-    parser.add_argument("--total-steps", type=int, default=None,
-                        help="override (default: the trainer's default, 100k)")
+    parser.add_argument(
+        "--total-steps",
+        type=int,
+        default=None,
+        help="override (default: the trainer's default, 100k)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="rppo_learning_"))
-    header = (f"{'recurrence':>16} {'seed':>4} {'eval':>8} {'std':>6} {'steps':>8} "
-              f"{'train_s':>8} {'proc_s':>8} {'fps':>7} load(1m) before/after")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"python {platform.python_version()}; runs in {workdir}")
+    header = (
+        f"{'recurrence':>16} {'seed':>4} {'eval':>8} {'std':>6} {'steps':>8} "
+        f"{'train_s':>8} {'proc_s':>8} {'fps':>7} load(1m) before/after"
+    )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"python {platform.python_version()}; runs in {workdir}"
+    )
     print(header)
     rows = []
     for recurrence, seeds in ((None, args.seeds), ("none", args.control_seeds)):
@@ -96,7 +134,8 @@ def main() -> int:
     control = [r for r in rows if r["recurrence"] == "none" and "error" not in r]
     solved = sum(r["eval_return_mean"] >= TARGET_RETURN for r in main_rows)
     verdict = {
-        "seeds_solved": solved, "seeds_run": len(main_rows),
+        "seeds_solved": solved,
+        "seeds_run": len(main_rows),
         "return_target_met": solved >= min(TARGET_SEEDS, len(main_rows)) and bool(main_rows),
         "max_train_wall_s": max((r["wall_time_s"] for r in main_rows), default=None),
         "max_process_wall_s": max((r["process_wall_s"] for r in main_rows), default=None),
@@ -110,26 +149,42 @@ def main() -> int:
         verdict["control_max_return"] is not None and verdict["control_max_return"] < CONTROL_MAX
     )
     print()
-    print(f"solved (eval >= {TARGET_RETURN:.0f}): {solved}/{len(main_rows)} seeds "
-          f"(target >= {TARGET_SEEDS}/5): {'met' if verdict['return_target_met'] else 'NOT met'}")
+    print(
+        f"solved (eval >= {TARGET_RETURN:.0f}): {solved}/{len(main_rows)} seeds "
+        f"(target >= {TARGET_SEEDS}/5): {'met' if verdict['return_target_met'] else 'NOT met'}"
+    )
     if main_rows:
-        print(f"wall-clock per run: trainer <= {verdict['max_train_wall_s']:.1f} s, whole process "
-              f"<= {verdict['max_process_wall_s']:.1f} s (target <= {TARGET_WALL:.0f} s, i.e. "
-              f"ratio {verdict['max_process_wall_s'] / TARGET_WALL:.2f}): "
-              f"{'met' if verdict['wall_target_met'] else 'NOT met'}; mean fps "
-              f"{verdict['mean_fps']:.0f}")
+        print(
+            f"wall-clock per run: trainer <= {verdict['max_train_wall_s']:.1f} s, whole process "
+            f"<= {verdict['max_process_wall_s']:.1f} s (target <= {TARGET_WALL:.0f} s, i.e. "
+            f"ratio {verdict['max_process_wall_s'] / TARGET_WALL:.2f}): "
+            f"{'met' if verdict['wall_target_met'] else 'NOT met'}; mean fps "
+            f"{verdict['mean_fps']:.0f}"
+        )
     if control:
-        print(f"control (--recurrence none) best eval {verdict['control_max_return']:.1f} "
-              f"(target < {CONTROL_MAX:.0f}): "
-              f"{'met' if verdict['control_target_met'] else 'NOT met'}")
+        print(
+            f"control (--recurrence none) best eval {verdict['control_max_return']:.1f} "
+            f"(target < {CONTROL_MAX:.0f}): "
+            f"{'met' if verdict['control_target_met'] else 'NOT met'}"
+        )
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = RESULTS / f"learning-{stamp}-{os.getpid()}.json"
-    path.write_text(json.dumps({
-        "when_utc": stamp, "cpus": os.cpu_count(), "platform": platform.platform(),
-        "python": platform.python_version(), "rows": rows, "verdict": verdict,
-    }, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "when_utc": stamp,
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "rows": rows,
+                "verdict": verdict,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {path}")
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

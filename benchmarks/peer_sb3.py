@@ -51,25 +51,45 @@ def sb3_child(seed: int, total_steps: int, episodes: int, threads: int) -> None:
     start = time.perf_counter()
     env = make_vec_env(env_id, n_envs=8, seed=seed)
     model = RecurrentPPO(
-        "MlpLstmPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gamma=0.98,
-        gae_lambda=0.8, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
+        "MlpLstmPolicy",
+        env,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
         policy_kwargs={
-            "ortho_init": False, "activation_fn": torch.nn.ReLU, "lstm_hidden_size": 64,
-            "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]},
+            "ortho_init": False,
+            "activation_fn": torch.nn.ReLU,
+            "lstm_hidden_size": 64,
+            "enable_critic_lstm": True,
+            "net_arch": {"pi": [64], "vf": [64]},
         },
-        seed=seed, verbose=0,
+        seed=seed,
+        verbose=0,
     )
     model.learn(total_timesteps=total_steps)
     train_wall = time.perf_counter() - start
     eval_env = make_vec_env(env_id, n_envs=1, seed=seed + 10_000)
-    returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=episodes, deterministic=True,
-                                 return_episode_rewards=True)
-    print(json.dumps({
-        "eval_return_mean": float(np.mean(returns)), "eval_return_std": float(np.std(returns)),
-        "eval_episodes": episodes, "env_steps": int(model.num_timesteps),
-        "wall_time_s": train_wall, "fps": model.num_timesteps / train_wall,
-        "torch_threads": torch.get_num_threads(),
-    }))
+    returns, _ = evaluate_policy(
+        model, eval_env, n_eval_episodes=episodes, deterministic=True, return_episode_rewards=True
+    )
+    print(
+        json.dumps(
+            {
+                "eval_return_mean": float(np.mean(returns)),
+                "eval_return_std": float(np.std(returns)),
+                "eval_episodes": episodes,
+                "env_steps": int(model.num_timesteps),
+                "wall_time_s": train_wall,
+                "fps": model.num_timesteps / train_wall,
+                "torch_threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
@@ -79,15 +99,20 @@ def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total-steps", type=int, default=100_000)
     parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--sb3-threads", type=int, default=1,
-                        help="torch threads for sb3 (default 1, as rppo-train uses; 0 keeps "
-                        "torch's default, 2 on a 2-core machine, which is much slower there "
-                        "when anything else runs)")
+    parser.add_argument(
+        "--sb3-threads",
+        type=int,
+        default=1,
+        help="torch threads for sb3 (default 1, as rppo-train uses; 0 keeps "
+        "torch's default, 2 on a 2-core machine, which is much slower there "
+        "when anything else runs)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -101,46 +126,95 @@ def main() -> int:
 
     rows = {}
     load = {"before": os.getloadavg()[0]}
-    proc, wall = timed([sys.executable, __file__, "--child", "--seed", str(args.seed),
-                        "--total-steps", str(args.total_steps), "--episodes",
-                        str(args.episodes), "--sb3-threads", str(args.sb3_threads)])
+    proc, wall = timed(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--seed",
+            str(args.seed),
+            "--total-steps",
+            str(args.total_steps),
+            "--episodes",
+            str(args.episodes),
+            "--sb3-threads",
+            str(args.sb3_threads),
+        ]
+    )
     if proc.returncode != 0:
         print(proc.stderr[-3000:])
         return 1
-    rows["sb3-contrib RecurrentPPO"] = {**json.loads(proc.stdout.strip().splitlines()[-1]),
-                                        "process_wall_s": wall}
+    rows["sb3-contrib RecurrentPPO"] = {
+        **json.loads(proc.stdout.strip().splitlines()[-1]),
+        "process_wall_s": wall,
+    }
     load["between"] = os.getloadavg()[0]
     out = Path(tempfile.mkdtemp(prefix="rppo_peer_"))
-    proc, wall = timed([sys.executable, "-m", "rppo_td.train", "--seed", str(args.seed),
-                        "--total-steps", str(args.total_steps), "--output", str(out),
-                        "--no-progress", "--log-level", "WARNING",
-                        "--eval-episodes", str(args.episodes)])
+    proc, wall = timed(
+        [
+            sys.executable,
+            "-m",
+            "rppo_td.train",
+            "--seed",
+            str(args.seed),
+            "--total-steps",
+            str(args.total_steps),
+            "--output",
+            str(out),
+            "--no-progress",
+            "--log-level",
+            "WARNING",
+            "--eval-episodes",
+            str(args.episodes),
+        ]
+    )
     if proc.returncode != 0:
         print(proc.stderr[-3000:])
         return 1
     summary = json.loads((out / "summary.json").read_text())
-    rows["rppo-train"] = {k: summary[k] for k in ("eval_return_mean", "eval_return_std",
-                                                  "eval_episodes", "env_steps", "wall_time_s",
-                                                  "fps")}
+    rows["rppo-train"] = {
+        k: summary[k]
+        for k in (
+            "eval_return_mean",
+            "eval_return_std",
+            "eval_episodes",
+            "env_steps",
+            "wall_time_s",
+            "fps",
+        )
+    }
     rows["rppo-train"]["process_wall_s"] = wall
     load["after"] = os.getloadavg()[0]
 
-    print(f"rppo_td/CartPoleNoVel-v1, seed {args.seed}, {args.total_steps} steps, "
-          f"{os.cpu_count()} CPUs, load(1m) {load}")
+    print(
+        f"rppo_td/CartPoleNoVel-v1, seed {args.seed}, {args.total_steps} steps, "
+        f"{os.cpu_count()} CPUs, load(1m) {load}"
+    )
     print(f"{'':>26} {'eval':>8} {'std':>6} {'train_s':>8} {'proc_s':>8} {'fps':>7}")
     for name, r in rows.items():
-        print(f"{name:>26} {r['eval_return_mean']:>8.1f} {r['eval_return_std']:>6.1f} "
-              f"{r['wall_time_s']:>8.1f} {r['process_wall_s']:>8.1f} {r['fps']:>7.0f}")
+        print(
+            f"{name:>26} {r['eval_return_mean']:>8.1f} {r['eval_return_std']:>6.1f} "
+            f"{r['wall_time_s']:>8.1f} {r['process_wall_s']:>8.1f} {r['fps']:>7.0f}"
+        )
     a, b = rows["sb3-contrib RecurrentPPO"], rows["rppo-train"]
-    ratio = {"train_wall": a["wall_time_s"] / b["wall_time_s"],
-             "process_wall": a["process_wall_s"] / b["process_wall_s"]}
-    print(f"speed-up of rppo-train over sb3-contrib: {ratio['train_wall']:.2f}x (training), "
-          f"{ratio['process_wall']:.2f}x (whole process)")
+    ratio = {
+        "train_wall": a["wall_time_s"] / b["wall_time_s"],
+        "process_wall": a["process_wall_s"] / b["process_wall_s"],
+    }
+    print(
+        f"speed-up of rppo-train over sb3-contrib: {ratio['train_wall']:.2f}x (training), "
+        f"{ratio['process_wall']:.2f}x (whole process)"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = RESULTS / f"peer_sb3-{stamp}.json"
-    path.write_text(json.dumps({"when_utc": stamp, "seed": args.seed, "load": load,
-                                "rows": rows, "ratio": ratio}, indent=2) + "\n")
+    path.write_text(
+        json.dumps(
+            {"when_utc": stamp, "seed": args.seed, "load": load, "rows": rows, "ratio": ratio},
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {path}")
     return 0
 

@@ -281,10 +281,13 @@ def bench_shape(
     if reference is not None and torch.device(device).type == "cpu":
         # timed once, after the others: seconds of Python loops, whose millions of small
         # objects would otherwise reshape the heap under the candidates interleaved with it
-        times.update(time_interleaved(
-            {"loop reference": lambda: reference_epoch(td, shape, reference)},
-            repeats=1, warmup=0,
-        ))
+        times.update(
+            time_interleaved(
+                {"loop reference": lambda: reference_epoch(td, shape, reference)},
+                repeats=1,
+                warmup=0,
+            )
+        )
 
     stage_runs = [rppo_stages(td, shape, device) for _ in range(max(repeats, 1))]
     stages = {
@@ -319,8 +322,10 @@ def bench_shape(
         if quick:
             measured = measure_memory(shape, "lazy,padded", device)
         else:
-            measured = {**measure_memory(shape, "lazy", device),
-                        **measure_memory(shape, "padded", device)}
+            measured = {
+                **measure_memory(shape, "lazy", device),
+                **measure_memory(shape, "padded", device),
+            }
         result["memory"] = {"rppo_td": measured["lazy"], "rppo_td padded": measured["padded"]}
     return result
 
@@ -376,25 +381,41 @@ def main() -> None:
 
 def report(results: list[dict]) -> None:
     """Prints the time table, the ratio table, the stage breakdown and the memory table."""
-    names = ["rppo_td", "rppo_td reuse", "rppo_td padded", "loop reference", "torchrl split", "torchrl pipeline",
-             "copy", "copy fresh"]
+    names = [
+        "rppo_td",
+        "rppo_td reuse",
+        "rppo_td padded",
+        "loop reference",
+        "torchrl split",
+        "torchrl pipeline",
+        "copy",
+        "copy fresh",
+    ]
     print("\nMedian time of one update's data work")
     rows = []
     for r in results:
         t = r["times"]
-        rows.append([r["shape"]["name"], f"{r['rollout_bytes'] / 2**20:.1f} MiB"]
-                    + [format_seconds(t[n]["median"]) if n in t else "-" for n in names])
+        rows.append(
+            [r["shape"]["name"], f"{r['rollout_bytes'] / 2**20:.1f} MiB"]
+            + [format_seconds(t[n]["median"]) if n in t else "-" for n in names]
+        )
     print_table(["shape", "rollout", *names], rows)
 
     print("\nRatios (same process)")
     keys = list(dict.fromkeys(k for r in results for k in r["ratios"]))
-    rows = [[r["shape"]["name"]] + [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "-"
-                                    for k in keys] for r in results]
+    rows = [
+        [r["shape"]["name"]] + [f"{r['ratios'][k]:.2f}x" if k in r["ratios"] else "-" for k in keys]
+        for r in results
+    ]
     print_table(["shape", *keys], rows)
 
     print("\nWhere rppo_td's time goes (median per stage)")
-    rows = [[r["shape"]["name"]] + [format_seconds(r["stages"][s]) for s in STAGES]
-            + [format_seconds(sum(r["stages"].values()))] for r in results]
+    rows = [
+        [r["shape"]["name"]]
+        + [format_seconds(r["stages"][s]) for s in STAGES]
+        + [format_seconds(sum(r["stages"].values()))]
+        for r in results
+    ]
     print_table(["shape", *STAGES, "sum"], rows)
 
     if any("memory" in r for r in results):
@@ -404,8 +425,11 @@ def report(results: list[dict]) -> None:
             row = [r["shape"]["name"]]
             for path in ("rppo_td", "rppo_td padded"):
                 m = r["memory"][path]
-                row.append("-" if m["ratio"] is None
-                           else f"{m['extra_bytes'] / 2**20:.1f} MiB ({m['ratio']:.2f}x)")
+                row.append(
+                    "-"
+                    if m["ratio"] is None
+                    else f"{m['extra_bytes'] / 2**20:.1f} MiB ({m['ratio']:.2f}x)"
+                )
             rows.append(row)
         print_table(["shape", "rppo_td (lazy)", "rppo_td padded"], rows)
 

@@ -71,9 +71,7 @@ class RecurrentActorCritic(nn.Module):
                 features, lengths, batch_first=True, enforce_sorted=False
             )
             out, _ = self.rnn(sequence, state)
-            out, _ = pad_packed_sequence(
-                out, batch_first=True, total_length=features.shape[1]
-            )
+            out, _ = pad_packed_sequence(out, batch_first=True, total_length=features.shape[1])
         else:
             out, _ = self.rnn(features, state)
         return self.policy(out), self.value(out)
@@ -128,8 +126,9 @@ def main() -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
-    shapes = [s for s in (QUICK_SHAPES if args.quick else PIPELINE_SHAPES)
-              if s.observation == "vector"]
+    shapes = [
+        s for s in (QUICK_SHAPES if args.quick else PIPELINE_SHAPES) if s.observation == "vector"
+    ]
 
     results = []
     for shape in shapes:
@@ -161,14 +160,21 @@ def main() -> None:
 
     print("\nMedian time of forward + backward over one epoch of minibatches")
     rows = [
-        [r["shape"]["name"], f"{r['padding_fraction']:.1%}",
-         format_seconds(r["times"]["padded"]["median"]),
-         format_seconds(r["times"]["packed"]["median"]),
-         f"{r['packed / padded']:.2f}x", r["faster"], f"{r['max_abs_grad_difference']:.1e}"]
+        [
+            r["shape"]["name"],
+            f"{r['padding_fraction']:.1%}",
+            format_seconds(r["times"]["padded"]["median"]),
+            format_seconds(r["times"]["packed"]["median"]),
+            f"{r['packed / padded']:.2f}x",
+            r["faster"],
+            f"{r['max_abs_grad_difference']:.1e}",
+        ]
         for r in results
     ]
-    print_table(["shape", "padding", "padded", "packed", "packed / padded", "faster",
-                 "max |grad diff|"], rows)
+    print_table(
+        ["shape", "padding", "padded", "packed", "packed / padded", "faster", "max |grad diff|"],
+        rows,
+    )
     name = args.output or ("update_quick" if args.quick else "update")
     path = write_json(name, {"repeats": repeats, "results": results})
     print(f"\nwritten {path}")

@@ -51,9 +51,7 @@ def rollout_shape(td: TensorDictBase, who: str) -> tuple[int, int]:
 def check_shape(name: NestedKey | str, x: torch.Tensor, expected: Sequence[int]) -> None:
     """Raises a ``ValueError`` unless ``x.shape == expected`` exactly (no broadcasting)."""
     if tuple(x.shape) != tuple(expected):
-        raise ValueError(
-            f"{_name(name)} must have shape {list(expected)}, got {list(x.shape)}"
-        )
+        raise ValueError(f"{_name(name)} must have shape {list(expected)}, got {list(x.shape)}")
 
 
 def check_dtype(name: NestedKey | str, x: torch.Tensor, dtype: torch.dtype) -> None:

@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_agent(
-    agent: RecurrentActorCritic, env_id: str, *, episodes: int, seed: int,
+    agent: RecurrentActorCritic,
+    env_id: str,
+    *,
+    episodes: int,
+    seed: int,
     deterministic: bool = True,
 ) -> dict[str, Any]:
     """Runs ``episodes`` episodes, one per env of a vector env, with the mode of the policy.
@@ -53,8 +57,7 @@ def evaluate_agent(
     agent.eval()
     while running.any():
         td = observation_to_tensordict(obs, agent.leaves, (episodes,))
-        out = agent.act(td, agent.reset_state(state, is_init), is_init,
-                        deterministic=deterministic)
+        out = agent.act(td, agent.reset_state(state, is_init), is_init, deterministic=deterministic)
         action = out.action.numpy()
         if low_high is not None:
             action = np.clip(action, *low_high)
@@ -100,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:
         parser.error(f"the checkpoint's model does not fit the agent its config builds: {err}")
     result = evaluate_agent(
-        agent, config.env, episodes=args.episodes, seed=args.seed,
+        agent,
+        config.env,
+        episodes=args.episodes,
+        seed=args.seed,
         deterministic=not args.stochastic,
     )
     counters = data["counters"]
     result.update(
-        env_steps=counters["env_steps"], wall_time_s=counters["wall_time_s"],
+        env_steps=counters["env_steps"],
+        wall_time_s=counters["wall_time_s"],
         fps=counters["env_steps"] / max(counters["wall_time_s"], 1e-9),
     )
     print(json.dumps(result, indent=2))  # noqa: T201 (the command's output)

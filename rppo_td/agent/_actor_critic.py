@@ -118,7 +118,8 @@ class RecurrentActorCritic(nn.Module):
         if recurrence not in ("lstm", "gru", "none"):
             raise ValueError(f"recurrence must be 'lstm', 'gru' or 'none', got {recurrence!r}")
         for name, value, low in (
-            ("hidden_size", hidden_size, 1), ("num_layers", num_layers, 1),
+            ("hidden_size", hidden_size, 1),
+            ("num_layers", num_layers, 1),
             ("head_layers", head_layers, 0),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

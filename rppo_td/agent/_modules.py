@@ -44,7 +44,9 @@ class RecurrentPolicyModule(TensorDictModuleBase):
         self.deterministic = deterministic
         self.in_keys = [key for key, _ in agent.leaves] + ["is_init", *agent.state_keys]
         self.out_keys = [
-            "action", "action_log_prob", "state_value",
+            "action",
+            "action_log_prob",
+            "state_value",
             *[("next", key) for key in agent.state_keys],
         ]
 
@@ -58,7 +60,9 @@ class RecurrentPolicyModule(TensorDictModuleBase):
         obs = flat.select(*[key for key, _ in self.agent.leaves])
         out = self.agent.act(obs, state, is_init, deterministic=self.deterministic)
         results: dict[str | tuple[str, str], torch.Tensor] = {
-            "action": out.action, "action_log_prob": out.log_prob, "state_value": out.value,
+            "action": out.action,
+            "action_log_prob": out.log_prob,
+            "state_value": out.value,
             **{("next", key): value for key, value in zip(keys, out.state, strict=True)},
         }
         for key, value in results.items():
@@ -75,7 +79,5 @@ def recurrent_state_primer(agent: RecurrentActorCritic) -> TensorDictPrimer:
     if not agent.state_keys:
         raise ValueError("recurrence='none' has no recurrent state to prime")
     shape = (agent.num_layers, agent.state_size)
-    spec = Composite(
-        {key: Unbounded(shape=shape, dtype=torch.float32) for key in agent.state_keys}
-    )
+    spec = Composite({key: Unbounded(shape=shape, dtype=torch.float32) for key in agent.state_keys})
     return TensorDictPrimer(spec, expand_specs=True)

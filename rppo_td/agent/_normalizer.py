@@ -40,12 +40,13 @@ class ObservationNormalizer(nn.Module):
         import gymnasium as gym
 
         self.keys = [
-            key for key, space in leaves
-            if isinstance(space, gym.spaces.Box) and not is_image(space)
-            and space.dtype.kind == "f"
+            key
+            for key, space in leaves
+            if isinstance(space, gym.spaces.Box) and not is_image(space) and space.dtype.kind == "f"
         ]
-        self.shapes: dict = {key: tuple(space.shape or ()) for key, space in leaves
-                             if key in self.keys}
+        self.shapes: dict = {
+            key: tuple(space.shape or ()) for key, space in leaves if key in self.keys
+        }
         self.clip = clip
         for i, key in enumerate(self.keys):
             shape = self.shapes[key]

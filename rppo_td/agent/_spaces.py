@@ -15,7 +15,10 @@ OBSERVATION_KEY = "observation"
 
 ObservationLeaf = tuple[NestedKey, gym.Space]
 _LEAF_SPACES = (
-    gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary,
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
 )
 
 
@@ -48,12 +51,14 @@ def observation_leaves(
         return [(prefix, space)]
     if isinstance(space, gym.spaces.Dict):
         return [
-            leaf for name, sub in space.spaces.items()
+            leaf
+            for name, sub in space.spaces.items()
             for leaf in observation_leaves(sub, (*base, str(name)))
         ]
     if isinstance(space, gym.spaces.Tuple):
         return [
-            leaf for i, sub in enumerate(space.spaces)
+            leaf
+            for i, sub in enumerate(space.spaces)
             for leaf in observation_leaves(sub, (*base, str(i)))
         ]
     raise ValueError(

@@ -69,9 +69,7 @@ def discounted_segment_sum(
     # the start of every segment, with no flip of intermediate results.
     x_rows = x.movedim(dim, -1)
     moved_shape = x_rows.shape
-    y = _rows_sum(
-        x_rows.reshape(-1, steps), carry_on.movedim(dim, -1).reshape(-1, steps), decay
-    )
+    y = _rows_sum(x_rows.reshape(-1, steps), carry_on.movedim(dim, -1).reshape(-1, steps), decay)
     return y.reshape(moved_shape).movedim(-1, dim).contiguous()
 
 
@@ -221,14 +219,18 @@ def generalized_advantage_estimate(
         lmbda=lmbda,
     )
     return gae_unchecked(
-        reward, state_value, next_state_value, terminated, done,
-        gamma=gamma, lmbda=lmbda, time_dim=time_dim,
+        reward,
+        state_value,
+        next_state_value,
+        terminated,
+        done,
+        gamma=gamma,
+        lmbda=lmbda,
+        time_dim=time_dim,
     )
 
 
-def check_gae_inputs(
-    named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbda: float
-) -> None:
+def check_gae_inputs(named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbda: float) -> None:
     """Checks GAE inputs given in the order reward, value, next value, terminated, done.
 
     The names are what error messages call them (keys, in the transform).

@@ -59,9 +59,7 @@ def balanced_minibatches(
     return list(order.split(sizes))
 
 
-def _cut_points(
-    lengths: torch.Tensor, num_minibatches: int, balance: str
-) -> torch.Tensor:
+def _cut_points(lengths: torch.Tensor, num_minibatches: int, balance: str) -> torch.Tensor:
     """``[M + 1]`` int64 boundaries ``0 = b_0 < b_1 < ... < b_M = N`` in shuffled order."""
     num_sequences = lengths.shape[0]
     device = lengths.device

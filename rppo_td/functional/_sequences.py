@@ -93,7 +93,8 @@ def chunk_episodes(
         (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
     """
     if sequence_length is not None and (
-        isinstance(sequence_length, bool) or int(sequence_length) != sequence_length
+        isinstance(sequence_length, bool)
+        or int(sequence_length) != sequence_length
         or sequence_length < 1
     ):
         raise ValueError(f"sequence_length must be an int >= 1 or None, got {sequence_length!r}")

@@ -30,7 +30,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if summary is None:
         return 130
-    keys = ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps", "wall_time_s",
-            "fps")
+    keys = (
+        "eval_return_mean",
+        "eval_return_std",
+        "eval_episodes",
+        "env_steps",
+        "wall_time_s",
+        "fps",
+    )
     print(json.dumps({k: summary[k] for k in keys}, indent=2))  # noqa: T201 (final output)
     return 0

@@ -12,8 +12,14 @@ import torch
 
 from rppo_td.train._config import RUNTIME_FIELDS, TrainConfig
 
-__all__ = ["CHECKPOINT_NAME", "check_resumable", "load_checkpoint", "rng_state", "save_checkpoint",
-           "set_rng_state"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "check_resumable",
+    "load_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -22,8 +28,10 @@ FORMAT_VERSION = 1
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
     """torch, numpy and python global RNG states, and the sampler's generator."""
     return {
-        "torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-        "python": random.getstate(), "sampler": generator.get_state(),
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+        "sampler": generator.get_state(),
     }
 
 
@@ -73,7 +81,8 @@ def check_resumable(saved: TrainConfig, given: dict[str, Any]) -> TrainConfig:
         ValueError: a setting other than ``RUNTIME_FIELDS`` differs, naming each one.
     """
     changed = {
-        k: (getattr(saved, k), v) for k, v in given.items()
+        k: (getattr(saved, k), v)
+        for k, v in given.items()
         if k not in RUNTIME_FIELDS and getattr(saved, k) != v
     }
     if changed:

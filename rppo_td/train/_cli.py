@@ -72,8 +72,11 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             parser.add_argument(
-                flag, type=kind, choices=choices, help=help_text, metavar=f.name.upper()
-                if choices is None else None,
+                flag,
+                type=kind,
+                choices=choices,
+                help=help_text,
+                metavar=f.name.upper() if choices is None else None,
             )
     return parser
 

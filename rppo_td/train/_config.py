@@ -28,26 +28,31 @@ class TrainConfig:
     within 100k env steps (see ``benchmarks/learning.py``).
     """
 
-    env: str = _doc("gymnasium id, or module:EnvId to import a module first",
-                    default=CARTPOLE_NOVEL_ID)
+    env: str = _doc(
+        "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
+    )
     total_steps: int = _doc("env steps to train for (all workers together)", default=100_000)
     num_workers: int = _doc("parallel envs W", default=16)
     rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32)
-    sequence_length: int = _doc("max BPTT sequence length L (episodes are cut into <= L)",
-                                default=16)
-    recurrence: Literal["lstm", "gru", "none"] = _doc("recurrent core; none is the control",
-                                                      default="lstm")
+    sequence_length: int = _doc(
+        "max BPTT sequence length L (episodes are cut into <= L)", default=16
+    )
+    recurrence: Literal["lstm", "gru", "none"] = _doc(
+        "recurrent core; none is the control", default="lstm"
+    )
     hidden_size: int = _doc("width of encoder, recurrent core and heads", default=64)
     num_layers: int = _doc("recurrent layers", default=1)
     head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1)
-    normalize_observations: bool = _doc("standardise vector observations (running stats)",
-                                        default=True)
+    normalize_observations: bool = _doc(
+        "standardise vector observations (running stats)", default=True
+    )
     normalizer_steps: int = _doc(
         "env steps during which the observation statistics are updated, then frozen "
         "(0: all run long); frozen stats keep a solved policy's inputs from drifting as "
-        "its observations narrow", default=0)
-    shared_critic: bool = _doc("share the encoder and core between policy and value",
-                               default=False)
+        "its observations narrow",
+        default=0,
+    )
+    shared_critic: bool = _doc("share the encoder and core between policy and value", default=False)
     gamma: float = _doc("discount", default=0.98)
     gae_lambda: float = _doc("GAE lambda", default=0.8)
     epochs: int = _doc("PPO epochs per update", default=10)
@@ -62,16 +67,20 @@ class TrainConfig:
     normalize_advantage: bool = _doc(
         "standardise advantages per minibatch over real steps (masked_normalize); off by "
         "default: once the task is solved it scales noise up to unit size and the policy "
-        "drifts", default=False)
+        "drifts",
+        default=False,
+    )
     advantage_eps: float = _doc(
         "added to the advantage std when normalising; a floor that keeps near-zero "
-        "advantages (a solved task) from being blown up to unit scale", default=1e-8)
+        "advantages (a solved task) from being blown up to unit scale",
+        default=1e-8,
+    )
     seed: int = _doc("seed of torch, numpy, the envs and the sampler", default=0)
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
     threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1)
     collector: Literal["vector", "torchrl"] = _doc(
-        "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector",
-        default="vector")
+        "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector", default="vector"
+    )
     output: str = _doc("output directory (default runs/<env>-<recurrence>-s<seed>)", default="")
     resume: str = _doc("continue the run saved in this directory", default="")
     checkpoint_every: int = _doc("updates between checkpoints", default=20)
@@ -85,9 +94,18 @@ class TrainConfig:
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first bad field (and the env if unknown)."""
         ints = {
-            "total_steps": 1, "num_workers": 1, "rollout_steps": 1, "sequence_length": 1,
-            "hidden_size": 1, "num_layers": 1, "head_layers": 0, "epochs": 1,
-            "num_minibatches": 1, "threads": 0, "checkpoint_every": 1, "eval_episodes": 0,
+            "total_steps": 1,
+            "num_workers": 1,
+            "rollout_steps": 1,
+            "sequence_length": 1,
+            "hidden_size": 1,
+            "num_layers": 1,
+            "head_layers": 0,
+            "epochs": 1,
+            "num_minibatches": 1,
+            "threads": 0,
+            "checkpoint_every": 1,
+            "eval_episodes": 0,
             "normalizer_steps": 0,
         }
         for name, low in ints.items():
@@ -95,19 +113,31 @@ class TrainConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         floats: dict[str, tuple[float, float]] = {
-            "gamma": (0.0, 1.0), "gae_lambda": (0.0, 1.0), "clip_epsilon": (0.0, 10.0),
-            "learning_rate": (0.0, 1.0), "value_coef": (0.0, 1e6),
-            "entropy_coef": (0.0, 1e6), "max_grad_norm": (0.0, 1e6),
+            "gamma": (0.0, 1.0),
+            "gae_lambda": (0.0, 1.0),
+            "clip_epsilon": (0.0, 10.0),
+            "learning_rate": (0.0, 1.0),
+            "value_coef": (0.0, 1e6),
+            "entropy_coef": (0.0, 1e6),
+            "max_grad_norm": (0.0, 1e6),
             "advantage_eps": (0.0, 1e6),
         }
         for name, (lo, hi) in floats.items():
             number = getattr(self, name)
-            if isinstance(number, bool) or not isinstance(number, int | float) or not (
-                lo <= number <= hi
+            if (
+                isinstance(number, bool)
+                or not isinstance(number, int | float)
+                or not (lo <= number <= hi)
             ):
                 raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {number!r}")
-        for name in ("anneal_lr", "anneal_clip", "normalize_advantage", "progress",
-                     "shared_critic", "normalize_observations"):
+        for name in (
+            "anneal_lr",
+            "anneal_clip",
+            "normalize_advantage",
+            "progress",
+            "shared_critic",
+            "normalize_observations",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.recurrence not in ("lstm", "gru", "none"):

@@ -91,18 +91,27 @@ class Trainer:
         )
         self.collector = self._make_collector()
         self.ppo = PPOUpdate(
-            self.agent, self.optimizer, generator=self.generator,
+            self.agent,
+            self.optimizer,
+            generator=self.generator,
             settings=PPOSettings(
-                gamma=config.gamma, gae_lambda=config.gae_lambda,
-                sequence_length=config.sequence_length, epochs=config.epochs,
-                num_minibatches=config.num_minibatches, value_coef=config.value_coef,
-                entropy_coef=config.entropy_coef, max_grad_norm=config.max_grad_norm,
+                gamma=config.gamma,
+                gae_lambda=config.gae_lambda,
+                sequence_length=config.sequence_length,
+                epochs=config.epochs,
+                num_minibatches=config.num_minibatches,
+                value_coef=config.value_coef,
+                entropy_coef=config.entropy_coef,
+                max_grad_norm=config.max_grad_norm,
                 normalize_advantage=config.normalize_advantage,
                 advantage_eps=config.advantage_eps,
             ),
         )
         self.counters: dict[str, Any] = {
-            "update": 0, "env_steps": 0, "wall_time_s": 0.0, "episodes": 0,
+            "update": 0,
+            "env_steps": 0,
+            "wall_time_s": 0.0,
+            "episodes": 0,
         }
         self.recent: collections.deque = collections.deque(maxlen=20)
         self.recent_lengths: collections.deque = collections.deque(maxlen=20)
@@ -115,8 +124,12 @@ class Trainer:
             from rppo_td.train._torchrl_collector import TorchRLCollector
 
             return TorchRLCollector(
-                c.env, self.agent, num_envs=c.num_workers, rollout_steps=c.rollout_steps,
-                seed=c.seed, device=self.device,
+                c.env,
+                self.agent,
+                num_envs=c.num_workers,
+                rollout_steps=c.rollout_steps,
+                seed=c.seed,
+                device=self.device,
             )
         env = make_vector_env(c.env, c.num_workers)
         return VectorCollector(
@@ -134,22 +147,29 @@ class Trainer:
         self.counters = dict(checkpoint["counters"])
         self.recent.extend(checkpoint.get("recent_returns", []))
         self.recent_lengths.extend(checkpoint.get("recent_lengths", []))
-        log.info("resumed %s at update %d (%d env steps)", self.directory,
-                 self.counters["update"], self.counters["env_steps"])
+        log.info(
+            "resumed %s at update %d (%d env steps)",
+            self.directory,
+            self.counters["update"],
+            self.counters["env_steps"],
+        )
 
     def save(self) -> Path:
         """Writes ``checkpoint.pt`` atomically (model, optimizer, RNG, config, counters)."""
         path = self.directory / CHECKPOINT_NAME
-        save_checkpoint(path, {
-            "config": self.config.to_dict(),
-            "model": self.agent.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "collector": self.collector.state_dict(),
-            "rng": rng_state(self.generator),
-            "counters": dict(self.counters),
-            "recent_returns": list(self.recent),
-            "recent_lengths": list(self.recent_lengths),
-        })
+        save_checkpoint(
+            path,
+            {
+                "config": self.config.to_dict(),
+                "model": self.agent.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "collector": self.collector.state_dict(),
+                "rng": rng_state(self.generator),
+                "counters": dict(self.counters),
+                "recent_returns": list(self.recent),
+                "recent_lengths": list(self.recent_lengths),
+            },
+        )
         return path
 
     def _schedule(self, update: int) -> tuple[float, float]:
@@ -180,13 +200,17 @@ class Trainer:
         self.counters["wall_time_s"] += elapsed
         self.counters["episodes"] += len(returns)
         return {
-            "update": update + 1, "env_steps": self.counters["env_steps"],
-            "wall_time_s": round(self.counters["wall_time_s"], 4), "fps": steps / elapsed,
+            "update": update + 1,
+            "env_steps": self.counters["env_steps"],
+            "wall_time_s": round(self.counters["wall_time_s"], 4),
+            "fps": steps / elapsed,
             "episode_return_mean": float(np.mean(self.recent)) if self.recent else math.nan,
             "episode_length_mean": (
                 float(np.mean(self.recent_lengths)) if self.recent_lengths else math.nan
             ),
-            "episodes": self.counters["episodes"], "learning_rate": lr, "clip_epsilon": clip,
+            "episodes": self.counters["episodes"],
+            "learning_rate": lr,
+            "clip_epsilon": clip,
             **stats,
         }
 
@@ -199,8 +223,13 @@ class Trainer:
         """
         c = self.config
         metrics = MetricsLog(self.directory)
-        bar = tqdm(total=c.num_updates * c.steps_per_update, initial=self.counters["env_steps"],
-                   unit="step", disable=not c.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=c.num_updates * c.steps_per_update,
+            initial=self.counters["env_steps"],
+            unit="step",
+            disable=not c.progress,
+            dynamic_ncols=True,
+        )
         stopped = False
         try:
             with _StopFlag() as stop:
@@ -208,8 +237,9 @@ class Trainer:
                     row = self._one_update()
                     metrics.write(row)
                     bar.update(c.steps_per_update)
-                    bar.set_postfix(fps=f"{row['fps']:.0f}",
-                                    ret=f"{row['episode_return_mean']:.1f}")
+                    bar.set_postfix(
+                        fps=f"{row['fps']:.0f}", ret=f"{row['episode_return_mean']:.1f}"
+                    )
                     done = self.counters["update"]
                     if stop.requested or done == stop_after_updates:
                         stopped = True
@@ -222,17 +252,24 @@ class Trainer:
             self.save()
             plot_learning_curve(self.directory, title=f"{c.env} ({c.recurrence})")
         if stopped:
-            log.info("stopped at update %d; continue with --resume %s",
-                     self.counters["update"], self.directory)
+            log.info(
+                "stopped at update %d; continue with --resume %s",
+                self.counters["update"],
+                self.directory,
+            )
             return None
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
         """Deterministic evaluation; writes and returns ``summary.json``'s content."""
         c = self.config
-        evaluation = evaluate_agent(
-            self.agent.cpu(), c.env, episodes=max(c.eval_episodes, 1), seed=c.seed + 10_000
-        ) if c.eval_episodes else {}
+        evaluation = (
+            evaluate_agent(
+                self.agent.cpu(), c.env, episodes=max(c.eval_episodes, 1), seed=c.seed + 10_000
+            )
+            if c.eval_episodes
+            else {}
+        )
         self.agent.to(self.device)
         wall = self.counters["wall_time_s"]
         summary = {

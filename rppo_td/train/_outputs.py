@@ -14,9 +14,23 @@ __all__ = ["METRIC_FIELDS", "MetricsLog", "plot_learning_curve", "write_json_ato
 log = logging.getLogger(__name__)
 
 METRIC_FIELDS = (
-    "update", "env_steps", "wall_time_s", "fps", "episode_return_mean", "episode_length_mean",
-    "episodes", "loss_policy", "loss_value", "loss_entropy", "loss_total", "entropy",
-    "clip_fraction", "approx_kl", "explained_variance", "grad_norm", "learning_rate",
+    "update",
+    "env_steps",
+    "wall_time_s",
+    "fps",
+    "episode_return_mean",
+    "episode_length_mean",
+    "episodes",
+    "loss_policy",
+    "loss_value",
+    "loss_entropy",
+    "loss_total",
+    "entropy",
+    "clip_fraction",
+    "approx_kl",
+    "explained_variance",
+    "grad_norm",
+    "learning_rate",
     "clip_epsilon",
 )
 
@@ -79,9 +93,7 @@ def plot_learning_curve(directory: Path, *, title: str = "") -> Path | None:
     rows = [r for r in read_metrics(directory / "metrics.csv") if r["episode_return_mean"]]
     out = directory / "learning_curve.png"
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(
-        [int(r["env_steps"]) for r in rows], [float(r["episode_return_mean"]) for r in rows]
-    )
+    ax.plot([int(r["env_steps"]) for r in rows], [float(r["episode_return_mean"]) for r in rows])
     ax.set_xlabel("env steps")
     ax.set_ylabel("mean episode return")
     ax.set_title(title)

@@ -56,8 +56,12 @@ class PPOUpdate:
     """
 
     def __init__(
-        self, agent: RecurrentActorCritic, optimizer: torch.optim.Optimizer, *,
-        settings: PPOSettings, generator: torch.Generator,
+        self,
+        agent: RecurrentActorCritic,
+        optimizer: torch.optim.Optimizer,
+        *,
+        settings: PPOSettings,
+        generator: torch.Generator,
     ) -> None:
         self.agent = agent
         self.optimizer = optimizer
@@ -71,8 +75,13 @@ class PPOUpdate:
         )
         self.parameters = [p for p in agent.parameters() if p.requires_grad]
         self.keys = [key for key, _ in agent.leaves] + [
-            "action", "action_log_prob", "advantage", "value_target", *agent.state_keys,
-            "sequence_id", "sequence_offset",
+            "action",
+            "action_log_prob",
+            "advantage",
+            "value_target",
+            *agent.state_keys,
+            "sequence_id",
+            "sequence_offset",
         ]
 
     def prepare(self, rollout: TensorDictBase) -> TensorDictBase:

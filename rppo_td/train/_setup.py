@@ -28,9 +28,13 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
     """The actor-critic for ``config.env``'s spaces, on CPU."""
     observation_space, action_space = env_spaces(config.env)
     return RecurrentActorCritic(
-        observation_space, action_space, recurrence=config.recurrence,
-        hidden_size=config.hidden_size, num_layers=config.num_layers,
-        head_layers=config.head_layers, shared_critic=config.shared_critic,
+        observation_space,
+        action_space,
+        recurrence=config.recurrence,
+        hidden_size=config.hidden_size,
+        num_layers=config.num_layers,
+        head_layers=config.head_layers,
+        shared_critic=config.shared_critic,
         normalize_observations=config.normalize_observations,
     )
 

@@ -68,8 +68,14 @@ class TorchRLCollector:
     """
 
     def __init__(
-        self, env_id: str, agent: RecurrentActorCritic, *, num_envs: int, rollout_steps: int,
-        seed: int, device: torch.device | str = "cpu",
+        self,
+        env_id: str,
+        agent: RecurrentActorCritic,
+        *,
+        num_envs: int,
+        rollout_steps: int,
+        seed: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.agent = agent
         self.num_envs = num_envs
@@ -77,24 +83,37 @@ class TorchRLCollector:
         self.env = make_torchrl_env(env_id, agent, num_envs=num_envs)
         self.env.set_seed(seed)
         self.collector = Collector(
-            self.env, RecurrentPolicyModule(agent), frames_per_batch=num_envs * rollout_steps,
-            total_frames=-1, policy_device=device,
+            self.env,
+            RecurrentPolicyModule(agent),
+            frames_per_batch=num_envs * rollout_steps,
+            total_frames=-1,
+            policy_device=device,
         )
         self._iterator = iter(self.collector)
         self.stats = EpisodeStats(num_envs)
         obs_keys = [key for key, _ in agent.leaves]
         self.keys = [
-            *obs_keys, "action", "action_log_prob", "state_value", "is_init", *agent.state_keys,
-            *[("next", k) for k in obs_keys], ("next", "reward"), ("next", "terminated"),
-            ("next", "truncated"), ("next", "done"),
+            *obs_keys,
+            "action",
+            "action_log_prob",
+            "state_value",
+            "is_init",
+            *agent.state_keys,
+            *[("next", k) for k in obs_keys],
+            ("next", "reward"),
+            ("next", "terminated"),
+            ("next", "truncated"),
+            ("next", "done"),
         ]
 
     def rollout(self) -> TensorDict:
         """One ``[W, T]`` batch from the collector, with ``("next", "state_value")``."""
         td: TensorDictBase = next(self._iterator)
         if tuple(td.batch_size) != (self.num_envs, self.rollout_steps):
-            raise RuntimeError(f"collector returned batch {list(td.batch_size)}, expected "
-                               f"{[self.num_envs, self.rollout_steps]}")
+            raise RuntimeError(
+                f"collector returned batch {list(td.batch_size)}, expected "
+                f"{[self.num_envs, self.rollout_steps]}"
+            )
         out = td.select(*self.keys).clone()
         agent = self.agent
         init = out["is_init"]

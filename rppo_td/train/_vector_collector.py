@@ -64,8 +64,13 @@ class VectorCollector:
     """
 
     def __init__(
-        self, env: gym.vector.VectorEnv, agent: RecurrentActorCritic, *, rollout_steps: int,
-        seed: int, device: torch.device | str = "cpu",
+        self,
+        env: gym.vector.VectorEnv,
+        agent: RecurrentActorCritic,
+        *,
+        rollout_steps: int,
+        seed: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         mode = getattr(env, "autoreset_mode", None)
         if mode != gym.vector.AutoresetMode.SAME_STEP:
@@ -78,7 +83,8 @@ class VectorCollector:
         action_space = env.single_action_space
         self._clip = (
             (action_space.low, action_space.high)
-            if isinstance(action_space, gym.spaces.Box) else None
+            if isinstance(action_space, gym.spaces.Box)
+            else None
         )
         obs, _ = env.reset(seed=seed)
         action_space.seed(seed)
@@ -161,7 +167,9 @@ class VectorCollector:
         """Everything needed to continue exactly: env copies, observation, state, stats."""
         return {
             "envs": getattr(self.env, "envs", None),
-            "obs": self.obs, "state": self.state, "is_init": self.is_init,
+            "obs": self.obs,
+            "state": self.state,
+            "is_init": self.is_init,
             "running_return": self.stats.running_return.copy(),
             "running_length": self.stats.running_length.copy(),
         }

@@ -16,9 +16,16 @@ from rppo_td.train import TrainConfig, Trainer, main
 from rppo_td.train._checkpoint import load_checkpoint
 
 TINY = {
-    "total_steps": 256, "num_workers": 4, "rollout_steps": 16, "sequence_length": 8,
-    "hidden_size": 16, "epochs": 2, "num_minibatches": 2, "checkpoint_every": 2,
-    "eval_episodes": 2, "progress": False,
+    "total_steps": 256,
+    "num_workers": 4,
+    "rollout_steps": 16,
+    "sequence_length": 8,
+    "hidden_size": 16,
+    "epochs": 2,
+    "num_minibatches": 2,
+    "checkpoint_every": 2,
+    "eval_episodes": 2,
+    "progress": False,
 }
 
 
@@ -58,8 +65,9 @@ class ImageEnv(_FakeEnv):
 
 class TupleEnv(_FakeEnv):
     def __init__(self):
-        super().__init__(gym.spaces.Tuple((BOX, gym.spaces.Discrete(4))),
-                         gym.spaces.MultiDiscrete([2, 3]))
+        super().__init__(
+            gym.spaces.Tuple((BOX, gym.spaces.Discrete(4))), gym.spaces.MultiDiscrete([2, 3])
+        )
 
 
 class MultiDiscreteEnv(_FakeEnv):
@@ -75,12 +83,20 @@ class DictBoxEnv(_FakeEnv):
         )
 
 
-FAKE_ENVS = {"Image": ImageEnv, "Tuple": TupleEnv, "MultiDiscrete": MultiDiscreteEnv,
-             "DictBox": DictBoxEnv}
+FAKE_ENVS = {
+    "Image": ImageEnv,
+    "Tuple": TupleEnv,
+    "MultiDiscrete": MultiDiscreteEnv,
+    "DictBox": DictBoxEnv,
+}
 for _name, _cls in FAKE_ENVS.items():
     if f"rppo_td_test/{_name}-v0" not in gym.registry:
-        gym.register(id=f"rppo_td_test/{_name}-v0", entry_point=_cls, max_episode_steps=10,
-                     disable_env_checker=True)
+        gym.register(
+            id=f"rppo_td_test/{_name}-v0",
+            entry_point=_cls,
+            max_episode_steps=10,
+            disable_env_checker=True,
+        )
 
 
 def _run(tmp_path, name="run", **overrides):
@@ -98,8 +114,14 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert main(["--preset", "smoke", "--output", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("eval_return_mean", "eval_return_std", "eval_episodes", "env_steps",
-                "wall_time_s", "fps"):
+    for key in (
+        "eval_return_mean",
+        "eval_return_std",
+        "eval_episodes",
+        "env_steps",
+        "wall_time_s",
+        "fps",
+    ):
         assert key in summary and key in printed
         assert math.isfinite(summary[key])
     assert summary["env_steps"] == 512 and summary["eval_episodes"] == 2
@@ -107,8 +129,17 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert len(rows) == 4
     assert [int(r["env_steps"]) for r in rows] == [128, 256, 384, 512]
     for row in rows:
-        for key in ("loss_policy", "loss_value", "loss_entropy", "clip_fraction", "approx_kl",
-                    "explained_variance", "fps", "episode_return_mean", "episode_length_mean"):
+        for key in (
+            "loss_policy",
+            "loss_value",
+            "loss_entropy",
+            "clip_fraction",
+            "approx_kl",
+            "explained_variance",
+            "fps",
+            "episode_return_mean",
+            "episode_length_mean",
+        ):
             float(row[key])
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(out.glob("events.out.tfevents.*"))
@@ -139,8 +170,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     a, b = _rows(tmp_path / "full"), _rows(tmp_path / "part")
     assert len(a) == len(b) == 6
     for ra, rb in zip(a, b, strict=True):
-        for key in ("env_steps", "episode_return_mean", "loss_policy", "loss_value",
-                    "approx_kl"):
+        for key in ("env_steps", "episode_return_mean", "loss_policy", "loss_value", "approx_kl"):
             assert ra[key] == rb[key], key
 
 
@@ -185,8 +215,9 @@ def test_torchrl_collector_path(tmp_path):
 
 
 def test_truncation_bootstraps_from_the_final_observation(tmp_path):
-    trainer, _ = _run(tmp_path, env="rppo_td/CartPoleNoVel-v1", num_workers=2,
-                      rollout_steps=600, total_steps=1200)
+    trainer, _ = _run(
+        tmp_path, env="rppo_td/CartPoleNoVel-v1", num_workers=2, rollout_steps=600, total_steps=1200
+    )
     # steer every worker to the 500-step limit by keeping the pole upright: set the state
     collector = trainer.collector
     for env in collector.env.envs:
@@ -201,8 +232,7 @@ def test_truncation_bootstraps_from_the_final_observation(tmp_path):
     agent = trainer.agent
     # replay step t from its stored entering state, then value the final observation
     state = tuple(td[key][w : w + 1, t] for key in agent.state_keys)
-    out = agent.act(td.select("observation")[w : w + 1, t], state,
-                    torch.zeros(1, dtype=torch.bool))
+    out = agent.act(td.select("observation")[w : w + 1, t], state, torch.zeros(1, dtype=torch.bool))
     expected = agent.value(td["next"].select("observation")[w : w + 1, t], out.state)
     torch.testing.assert_close(td["next", "state_value"][w : w + 1, t], expected)
     # the next observation is the pre-reset one, and the step after it starts an episode

@@ -24,9 +24,7 @@ SPACES = {
     "discrete": gym.spaces.Discrete(4),
     "multi_discrete": gym.spaces.MultiDiscrete([2, 3]),
     "tuple": gym.spaces.Tuple((BOX, gym.spaces.Discrete(3))),
-    "dict": gym.spaces.Dict(
-        {"pos": BOX, "img": gym.spaces.Box(0, 255, (6, 6, 1), dtype=np.uint8)}
-    ),
+    "dict": gym.spaces.Dict({"pos": BOX, "img": gym.spaces.Box(0, 255, (6, 6, 1), dtype=np.uint8)}),
 }
 ACTIONS = {
     "discrete": gym.spaces.Discrete(3),
@@ -62,8 +60,9 @@ def test_act_and_evaluate_shapes(obs_name, act_name, recurrence):
     for s in out.state:
         assert s.shape == (w, 1, 16)
     actions = torch.stack([out.action] * length, dim=1)
-    log_prob, entropy, value = net.evaluate(_batch(obs_space, (w, length)), net.initial_state(w),
-                                            actions)
+    log_prob, entropy, value = net.evaluate(
+        _batch(obs_space, (w, length)), net.initial_state(w), actions
+    )
     assert log_prob.shape == entropy.shape == (w, length)
     assert value.shape == (w, length, 1)
     (log_prob.sum() + value.sum()).backward()
@@ -73,8 +72,14 @@ def test_act_and_evaluate_shapes(obs_name, act_name, recurrence):
 @pytest.mark.parametrize("shared", [True, False])
 def test_sequence_evaluation_matches_step_by_step(recurrence, shared):
     torch.manual_seed(0)
-    net = RecurrentActorCritic(BOX, ACTIONS["discrete"], recurrence=recurrence, hidden_size=8,
-                               num_layers=2, shared_critic=shared)
+    net = RecurrentActorCritic(
+        BOX,
+        ACTIONS["discrete"],
+        recurrence=recurrence,
+        hidden_size=8,
+        num_layers=2,
+        shared_critic=shared,
+    )
     obs = _batch(BOX, (2, 5))
     state = tuple(torch.randn_like(s) for s in net.initial_state(2))
     start = state
@@ -183,10 +188,10 @@ def test_observation_normalizer_running_statistics():
         norm.update(TensorDict({"observation": {"0": chunk.float()}}, [chunk.shape[0]]))
     torch.testing.assert_close(norm.mean_0, data.mean(0), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(norm.var_0, data.var(0, unbiased=False), rtol=1e-4, atol=1e-4)
-    td = TensorDict({"observation": {"0": data.float(), "1": torch.zeros(50, dtype=torch.long)}},
-                    [50])
+    td = TensorDict(
+        {"observation": {"0": data.float(), "1": torch.zeros(50, dtype=torch.long)}}, [50]
+    )
     out = norm(td)
-    torch.testing.assert_close(out["observation", "0"].mean(0), torch.zeros(3), atol=1e-4,
-                               rtol=0)
+    torch.testing.assert_close(out["observation", "0"].mean(0), torch.zeros(3), atol=1e-4, rtol=0)
     assert out["observation", "1"] is td["observation", "1"]
     assert td["observation", "0"].dtype == torch.float32  # input left as it was

@@ -37,8 +37,14 @@ def test_pipeline_quick() -> None:
     assert data["results"]
     for result in data["results"]:
         assert {"shape", "rollout_bytes", "times", "ratios", "stages"} <= result.keys()
-        assert {"rppo_td", "rppo_td padded", "torchrl split", "torchrl pipeline", "copy",
-                "copy fresh"} <= result["times"].keys()
+        assert {
+            "rppo_td",
+            "rppo_td padded",
+            "torchrl split",
+            "torchrl pipeline",
+            "copy",
+            "copy fresh",
+        } <= result["times"].keys()
         assert result["times"]["rppo_td"]["median"] > 0
         assert "rppo_td / copy" in result["ratios"]
         assert result["epoch_steps_check"]

@@ -23,9 +23,20 @@ def test_every_field_is_a_flag():
     help_text = build_parser().format_help()
     for f in dataclasses.fields(TrainConfig):
         assert "--" + f.name.replace("_", "-") in help_text
-    for flag in ("--preset", "--config", "--env", "--total-steps", "--num-workers",
-                 "--rollout-steps", "--sequence-length", "--recurrence", "--seed", "--device",
-                 "--output", "--resume"):
+    for flag in (
+        "--preset",
+        "--config",
+        "--env",
+        "--total-steps",
+        "--num-workers",
+        "--rollout-steps",
+        "--sequence-length",
+        "--recurrence",
+        "--seed",
+        "--device",
+        "--output",
+        "--resume",
+    ):
         assert flag in help_text
 
 
@@ -37,7 +48,10 @@ def test_defaults_and_flags():
         ["--total-steps", "2048", "--recurrence", "gru", "--no-anneal-lr", "--seed", "3"]
     )
     assert (config.total_steps, config.recurrence, config.anneal_lr, config.seed) == (
-        2048, "gru", False, 3,
+        2048,
+        "gru",
+        False,
+        3,
     )
     assert given == {"total_steps": 2048, "recurrence": "gru", "anneal_lr": False, "seed": 3}
 
@@ -87,8 +101,11 @@ def test_unknown_key_in_config_file(capsys, tmp_path):
 
 def test_module_main_help():
     result = subprocess.run(
-        [sys.executable, "-m", "rppo_td.train", "--help"], capture_output=True, text=True,
-        timeout=120, check=False,
+        [sys.executable, "-m", "rppo_td.train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert "--sequence-length" in result.stdout
