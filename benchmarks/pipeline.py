@@ -203,7 +203,7 @@ def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float
     gc.collect()
 
     def run() -> None:
-        rppo_epoch(td, shape, padded=mode == "padded")
+        rppo_epoch(td, shape, padded=mode == "padded", reuse=mode == "reuse")
 
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
@@ -226,7 +226,7 @@ def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float
 def measure_memory(shape: RolloutShape, modes: str, device: str) -> dict[str, dict]:
     """``memory_child`` in a fresh interpreter (so earlier candidates leave nothing behind).
 
-    ``modes`` is ``lazy``, ``padded`` or both comma-separated (then they share the process,
+    ``modes`` is ``lazy``, ``reuse``, ``padded`` or several comma-separated (then they share the process,
     which ``--quick`` accepts to save an interpreter start).
     """
     command = [
@@ -320,13 +320,18 @@ def bench_shape(
     }
     if memory:
         if quick:
-            measured = measure_memory(shape, "lazy,padded", device)
+            measured = measure_memory(shape, "lazy,reuse,padded", device)
         else:
             measured = {
                 **measure_memory(shape, "lazy", device),
+                **measure_memory(shape, "reuse", device),
                 **measure_memory(shape, "padded", device),
             }
-        result["memory"] = {"rppo_td": measured["lazy"], "rppo_td padded": measured["padded"]}
+        result["memory"] = {
+            "rppo_td": measured["lazy"],
+            "rppo_td reuse": measured["reuse"],
+            "rppo_td padded": measured["padded"],
+        }
     return result
 
 
@@ -423,7 +428,7 @@ def report(results: list[dict]) -> None:
         rows = []
         for r in (r for r in results if "memory" in r):
             row = [r["shape"]["name"]]
-            for path in ("rppo_td", "rppo_td padded"):
+            for path in ("rppo_td", "rppo_td reuse", "rppo_td padded"):
                 m = r["memory"][path]
                 row.append(
                     "-"
@@ -431,7 +436,7 @@ def report(results: list[dict]) -> None:
                     else f"{m['extra_bytes'] / 2**20:.1f} MiB ({m['ratio']:.2f}x)"
                 )
             rows.append(row)
-        print_table(["shape", "rppo_td (lazy)", "rppo_td padded"], rows)
+        print_table(["shape", "rppo_td (lazy)", "rppo_td reuse", "rppo_td padded"], rows)
 
 
 if __name__ == "__main__":
