@@ -226,8 +226,8 @@ def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float
 def measure_memory(shape: RolloutShape, modes: str, device: str) -> dict[str, dict]:
     """``memory_child`` in a fresh interpreter (so earlier candidates leave nothing behind).
 
-    ``modes`` is ``lazy``, ``reuse``, ``padded`` or several comma-separated (then they share the process,
-    which ``--quick`` accepts to save an interpreter start).
+    ``modes`` is ``lazy``, ``reuse``, ``padded`` or several comma-separated (then they share
+    the process, which ``--quick`` accepts to save an interpreter start).
     """
     command = [
         sys.executable,
