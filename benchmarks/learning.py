@@ -29,6 +29,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rppo_td.train import SUMMARY_KEYS
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RETURN, TARGET_SEEDS, TARGET_WALL, CONTROL_MAX = 475.0, 4, 60.0, 200.0
 
@@ -70,19 +72,7 @@ def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir:
         row["error"] = proc.stderr[-2000:]
         return row
     summary = json.loads(summary_path.read_text())
-    row.update(
-        {
-            k: summary[k]
-            for k in (
-                "eval_return_mean",
-                "eval_return_std",
-                "eval_episodes",
-                "env_steps",
-                "wall_time_s",
-                "fps",
-            )
-        }
-    )
+    row.update({k: summary[k] for k in SUMMARY_KEYS})
     row["eval_returns"] = summary.get("eval_returns", [])
     return row
 

@@ -27,6 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rppo_td.train import SUMMARY_KEYS
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -172,17 +174,7 @@ def main() -> int:
         print(proc.stderr[-3000:])
         return 1
     summary = json.loads((out / "summary.json").read_text())
-    rows["rppo-train"] = {
-        k: summary[k]
-        for k in (
-            "eval_return_mean",
-            "eval_return_std",
-            "eval_episodes",
-            "env_steps",
-            "wall_time_s",
-            "fps",
-        )
-    }
+    rows["rppo-train"] = {k: summary[k] for k in SUMMARY_KEYS}
     rows["rppo-train"]["process_wall_s"] = wall
     load["after"] = os.getloadavg()[0]
 

@@ -12,8 +12,17 @@ import sys
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._loop import Trainer, train
+from rppo_td.train._outputs import SUMMARY_KEYS
 
-__all__ = ["TrainConfig", "Trainer", "build_parser", "list_presets", "main", "train"]
+__all__ = [
+    "SUMMARY_KEYS",
+    "TrainConfig",
+    "Trainer",
+    "build_parser",
+    "list_presets",
+    "main",
+    "train",
+]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,13 +39,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if summary is None:
         return 130
-    keys = (
-        "eval_return_mean",
-        "eval_return_std",
-        "eval_episodes",
-        "env_steps",
-        "wall_time_s",
-        "fps",
-    )
-    print(json.dumps({k: summary[k] for k in keys}, indent=2))  # noqa: T201 (final output)
+    print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201 (final output)
     return 0

@@ -9,7 +9,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["METRIC_FIELDS", "MetricsLog", "plot_learning_curve", "write_json_atomic"]
+__all__ = [
+    "SUMMARY_KEYS",
+    "METRIC_FIELDS",
+    "MetricsLog",
+    "plot_learning_curve",
+    "write_json_atomic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +38,16 @@ METRIC_FIELDS = (
     "grad_norm",
     "learning_rate",
     "clip_epsilon",
+)
+
+# the fields summary.json, rppo-train's final output and rppo-eval's output have in common
+SUMMARY_KEYS = (
+    "eval_return_mean",
+    "eval_return_std",
+    "eval_episodes",
+    "env_steps",
+    "wall_time_s",
+    "fps",
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rppo_td.evaluate import main as eval_main
-from rppo_td.train import TrainConfig, Trainer, main
+from rppo_td.train import SUMMARY_KEYS, TrainConfig, Trainer, main
 from rppo_td.train._checkpoint import load_checkpoint
 
 TINY = {
@@ -114,14 +114,7 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert main(["--preset", "smoke", "--output", str(out)]) == 0
     printed = json.loads(capsys.readouterr().out)
     summary = json.loads((out / "summary.json").read_text())
-    for key in (
-        "eval_return_mean",
-        "eval_return_std",
-        "eval_episodes",
-        "env_steps",
-        "wall_time_s",
-        "fps",
-    ):
+    for key in SUMMARY_KEYS:
         assert key in summary and key in printed
         assert math.isfinite(summary[key])
     assert summary["env_steps"] == 512 and summary["eval_episodes"] == 2
