@@ -29,9 +29,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _common import write_json
+
 from rppo_td.train import SUMMARY_KEYS
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TARGET_RETURN, TARGET_SEEDS, TARGET_WALL, CONTROL_MAX = 475.0, 4, 60.0, 200.0
 
 
@@ -158,22 +159,16 @@ def main() -> int:
             f"{'met' if verdict['control_target_met'] else 'NOT met'}"
         )
 
-    RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS / f"learning-{stamp}-{os.getpid()}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "when_utc": stamp,
-                "cpus": os.cpu_count(),
-                "platform": platform.platform(),
-                "python": platform.python_version(),
-                "rows": rows,
-                "verdict": verdict,
-            },
-            indent=2,
-        )
-        + "\n"
+    path = write_json(
+        f"learning-{stamp}-{os.getpid()}",
+        {
+            "when_utc": stamp,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "rows": rows,
+            "verdict": verdict,
+        },
     )
     print(f"wrote {path}")
     if not args.keep:

@@ -27,9 +27,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rppo_td.train import SUMMARY_KEYS
+from _common import write_json
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from rppo_td.train import SUMMARY_KEYS
 
 
 def sb3_child(seed: int, total_steps: int, episodes: int, threads: int) -> None:
@@ -197,15 +197,10 @@ def main() -> int:
         f"speed-up of rppo-train over sb3-contrib: {ratio['train_wall']:.2f}x (training), "
         f"{ratio['process_wall']:.2f}x (whole process)"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = RESULTS / f"peer_sb3-{stamp}.json"
-    path.write_text(
-        json.dumps(
-            {"when_utc": stamp, "seed": args.seed, "load": load, "rows": rows, "ratio": ratio},
-            indent=2,
-        )
-        + "\n"
+    path = write_json(
+        f"peer_sb3-{stamp}",
+        {"when_utc": stamp, "seed": args.seed, "load": load, "rows": rows, "ratio": ratio},
     )
     print(f"wrote {path}")
     return 0
