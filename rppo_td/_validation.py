@@ -12,10 +12,13 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 __all__ = [
+    "check_balance",
     "check_dtype",
     "check_finite",
     "check_floating",
+    "check_sequence_length",
     "check_shape",
+    "check_unit_interval",
     "get_key",
     "rollout_shape",
 ]
@@ -83,3 +86,21 @@ def check_finite(named: dict[NestedKey, torch.Tensor]) -> None:
     bad = [_name(name) for name, ok in zip(named, flags, strict=True) if not ok]
     if bad:
         raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
+
+
+def check_unit_interval(name: str, value: float) -> None:
+    """Raises a ``ValueError`` unless ``0 <= value <= 1`` (``gamma``, ``lmbda``)."""
+    if not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def check_sequence_length(value: object) -> None:
+    """Raises a ``ValueError`` unless ``value`` is an int ``>= 1`` or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"sequence_length must be an int >= 1 or None, got {value!r}")
+
+
+def check_balance(value: object) -> None:
+    """Raises a ``ValueError`` unless ``value`` is ``"steps"`` or ``"sequences"``."""
+    if value not in ("steps", "sequences"):
+        raise ValueError(f"balance must be 'steps' or 'sequences', got {value!r}")

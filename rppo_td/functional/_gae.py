@@ -11,7 +11,13 @@ import math
 import torch
 from tensordict import NestedKey
 
-from rppo_td._validation import check_dtype, check_finite, check_floating, check_shape
+from rppo_td._validation import (
+    check_dtype,
+    check_finite,
+    check_floating,
+    check_shape,
+    check_unit_interval,
+)
 
 __all__ = ["discounted_segment_sum", "generalized_advantage_estimate"]
 
@@ -235,9 +241,8 @@ def check_gae_inputs(named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbd
 
     The names are what error messages call them (keys, in the transform).
     """
-    for label, value in (("gamma", gamma), ("lmbda", lmbda)):
-        if not 0.0 <= float(value) <= 1.0:
-            raise ValueError(f"{label} must be in [0, 1], got {value}")
+    check_unit_interval("gamma", gamma)
+    check_unit_interval("lmbda", lmbda)
     items = list(named.items())
     (r_name, reward), *rest = items
     check_floating(r_name, reward)

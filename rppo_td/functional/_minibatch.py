@@ -6,6 +6,8 @@ from typing import Literal
 
 import torch
 
+from rppo_td._validation import check_balance
+
 __all__ = ["balanced_minibatches"]
 
 
@@ -49,8 +51,7 @@ def balanced_minibatches(
             f"num_minibatches must be in [1, {num_sequences}] (the number of sequences), "
             f"got {num_minibatches}"
         )
-    if balance not in ("steps", "sequences"):
-        raise ValueError(f"balance must be 'steps' or 'sequences', got {balance!r}")
+    check_balance(balance)
     perm_device = generator.device if generator is not None else lengths.device
     order = torch.randperm(num_sequences, generator=generator, device=perm_device)
     order = order.to(lengths.device)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rppo_td._validation import check_dtype
+from rppo_td._validation import check_dtype, check_sequence_length
 
 __all__ = [
     "chunk_episodes",
@@ -92,12 +92,7 @@ def chunk_episodes(
         >>> chunk_episodes(start, 2)
         (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
     """
-    if sequence_length is not None and (
-        isinstance(sequence_length, bool)
-        or int(sequence_length) != sequence_length
-        or sequence_length < 1
-    ):
-        raise ValueError(f"sequence_length must be an int >= 1 or None, got {sequence_length!r}")
+    check_sequence_length(sequence_length)
     flat = start.flatten()
     arange = torch.arange(flat.numel(), device=flat.device)
     fragment_first = torch.where(flat, arange, 0).cummax(0).values

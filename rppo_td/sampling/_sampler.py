@@ -9,7 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._validation import check_dtype, check_shape, get_key
+from rppo_td._validation import check_balance, check_dtype, check_shape, get_key
 from rppo_td.functional._minibatch import balanced_minibatches
 from rppo_td.transforms._layout import SequenceLayout
 
@@ -24,8 +24,7 @@ def check_minibatch_args(num_minibatches: int, balance: str) -> None:
         raise ValueError(f"num_minibatches must be an int, got {num_minibatches!r}")
     if num_minibatches < 1:
         raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
-    if balance not in ("steps", "sequences"):
-        raise ValueError(f"balance must be 'steps' or 'sequences', got {balance!r}")
+    check_balance(balance)
 
 
 class SequenceSampler:

@@ -6,7 +6,13 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
+from rppo_td._validation import (
+    check_dtype,
+    check_sequence_length,
+    check_shape,
+    get_key,
+    rollout_shape,
+)
 from rppo_td.functional._sequences import chunk_episodes, episode_ids, episode_starts
 from rppo_td.transforms._base import RolloutTransform
 
@@ -72,14 +78,7 @@ class SequenceChunker(RolloutTransform):
 
     def __init__(self, *, sequence_length: int | None, keys: RolloutKeys | None = None) -> None:
         super().__init__(keys=keys)
-        if sequence_length is not None and (
-            isinstance(sequence_length, bool)
-            or not isinstance(sequence_length, int)
-            or sequence_length < 1
-        ):
-            raise ValueError(
-                f"sequence_length must be an int >= 1 or None, got {sequence_length!r}"
-            )
+        check_sequence_length(sequence_length)
         self.sequence_length = sequence_length
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -7,7 +7,7 @@ from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import check_dtype, get_key, rollout_shape
+from rppo_td._validation import check_dtype, check_unit_interval, get_key, rollout_shape
 from rppo_td.functional._gae import check_gae_inputs, gae_unchecked
 from rppo_td.transforms._base import RolloutTransform
 
@@ -58,9 +58,8 @@ class GAE(RolloutTransform):
         keys: RolloutKeys | None = None,
     ) -> None:
         super().__init__(keys=keys)
-        for label, value in (("gamma", gamma), ("lmbda", lmbda)):
-            if not 0.0 <= float(value) <= 1.0:
-                raise ValueError(f"{label} must be in [0, 1], got {value}")
+        check_unit_interval("gamma", gamma)
+        check_unit_interval("lmbda", lmbda)
         self.gamma = float(gamma)
         self.lmbda = float(lmbda)
         self.value_network = value_network
