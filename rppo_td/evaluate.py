@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
@@ -77,12 +76,19 @@ def evaluate_agent(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rppo-eval --checkpoint PATH --episodes N``: prints the evaluation as JSON."""
+    """``rppo-eval --checkpoint PATH --episodes N``: prints the evaluation as JSON.
+
+    Reads only ``checkpoint.pt``, with ``torch.load(weights_only=True)``: a crafted file cannot
+    run code, and the pickled env copies beside it are never read. A bad checkpoint, setting
+    or env is one line on stderr and exit status 2.
+    """
+    from rppo_td.envs import EnvError
     from rppo_td.train._checkpoint import load_checkpoint
+    from rppo_td.train._cli import ShortErrorParser
     from rppo_td.train._config import TrainConfig
     from rppo_td.train._setup import build_agent
 
-    parser = argparse.ArgumentParser(prog="rppo-eval", description=__doc__)
+    parser = ShortErrorParser(prog="rppo-eval", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or its run directory")
     parser.add_argument("--episodes", type=int, default=20, help="episodes (default 20)")
     parser.add_argument("--seed", type=int, default=10_000, help="env seed (default 10000)")
@@ -90,25 +96,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    if args.seed < 0:
+        parser.error(f"--seed must be >= 0, got {args.seed}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         data = load_checkpoint(args.checkpoint)
-        config = TrainConfig.from_dict(data["config"], where="checkpoint config")
-    except (ValueError, KeyError) as err:
-        parser.error(str(err))
-    torch.set_num_threads(max(1, config.threads))
-    agent = build_agent(config)
-    try:
-        agent.load_state_dict(data["model"])
-    except RuntimeError as err:
-        parser.error(f"the checkpoint's model does not fit the agent its config builds: {err}")
-    result = evaluate_agent(
-        agent,
-        config.env,
-        episodes=args.episodes,
-        seed=args.seed,
-        deterministic=not args.stochastic,
-    )
+        where = f"the config in the checkpoint {args.checkpoint!r}"
+        config = TrainConfig.from_dict(data["config"], where=where)
+        torch.set_num_threads(max(1, config.threads))
+        agent = build_agent(config)
+        try:
+            agent.load_state_dict(data["model"])
+        except RuntimeError as err:
+            raise ValueError(
+                f"the model in {args.checkpoint!r} does not fit the agent its config builds "
+                f"({str(err).splitlines()[0][:200]})"
+            ) from None
+        result = evaluate_agent(
+            agent,
+            config.env,
+            episodes=args.episodes,
+            seed=args.seed,
+            deterministic=not args.stochastic,
+        )
+    except (ValueError, KeyError, EnvError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        parser.exit(2, f"rppo-eval: error: {message}\n")
     counters = data["counters"]
     result.update(
         env_steps=counters["env_steps"],

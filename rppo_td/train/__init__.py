@@ -26,18 +26,35 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns the exit status (0, or 130 when stopped by a signal)."""
+    """Console entry point; returns the exit status.
+
+    0: the run finished. 2: bad settings, a bad checkpoint or output directory (one line on
+    stderr, nothing trained). 1: the run failed (an env fault or a refused input during
+    training; the last checkpoint is kept). 130: stopped by a signal, a checkpoint saved, or
+    aborted by a second Ctrl-C, the last checkpoint kept.
+    """
+    from rppo_td.envs import EnvError
+
     config, given = config_from_args(argv)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        summary = Trainer(config, given=given).run()
-    except (ValueError, KeyError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"rppo-train: error: {message}", file=sys.stderr)  # noqa: T201
-        return 2
+        trainer = Trainer(config, given=given)
+    except (ValueError, KeyError, EnvError) as err:
+        _error(err)
+        return 1 if isinstance(err, EnvError) else 2
+    try:
+        summary = trainer.run()
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, KeyError, EnvError) as err:
+        _error(err)
+        return 1
     if summary is None:
         return 130
     print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201 (final output)
     return 0
+
+
+def _error(err: BaseException) -> None:
+    message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    print(f"rppo-train: error: {message}", file=sys.stderr)  # noqa: T201

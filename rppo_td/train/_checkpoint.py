@@ -1,9 +1,23 @@
-"""Atomic checkpoints and the compatibility check of a resumed run."""
+"""Checkpoints that load without running code, and the compatibility check of a resumed run.
+
+A run directory holds ``checkpoint.pt``: model, optimizer, config, counters and RNG states,
+all tensors and plain Python data, so ``torch.load(weights_only=True)`` reads it and a crafted
+file cannot run code. The env copies that an exact resume needs can only be pickled; they live
+apart, in ``envs-<update>.pkl``, which ``checkpoint.pt`` names with its SHA-256. Only
+``rppo-train --resume`` reads that file (after checking the hash); ``rppo-eval`` never does.
+
+Every file is written to ``<name>.tmp``, flushed to disk and renamed over the old one, so a
+crash leaves either the old checkpoint or the new one, never half a file. The env file is
+written before the checkpoint that names it, and older env files are deleted only after.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +28,54 @@ from rppo_td.train._config import RUNTIME_FIELDS, TrainConfig
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "FORMAT_VERSION",
+    "CheckpointError",
     "check_resumable",
+    "checkpoint_file",
+    "env_state_name",
     "load_checkpoint",
+    "load_env_state",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "write_atomic",
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+ENV_STATE_PREFIX = "envs-"
+ENV_STATE_SUFFIX = ".pkl"
+
+# what every checkpoint holds, with the type each entry must have
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "config": dict,
+    "model": dict,
+    "optimizer": dict,
+    "collector": dict,
+    "rng": dict,
+    "counters": dict,
+    "recent_returns": list,
+    "recent_lengths": list,
+}
+_COUNTERS = {"update": int, "env_steps": int, "wall_time_s": (int, float), "episodes": int}
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable rppo_td checkpoint; the message names the file."""
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
-    """torch, numpy and python global RNG states, and the sampler's generator."""
+    """torch, numpy and python global RNG states and the sampler's, as tensors and ints."""
+    name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     return {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
         "sampler": generator.get_state(),
     }
@@ -38,36 +84,169 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     """Restores ``rng_state()``."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    numpy = state["numpy"]
+    np.random.set_state(
+        (
+            numpy["name"],
+            numpy["keys"].numpy().astype(np.uint32),
+            numpy["position"],
+            numpy["has_gauss"],
+            numpy["cached_gaussian"],
+        )
+    )
     random.setstate(state["python"])
     generator.set_state(state["sampler"])
 
 
-def save_checkpoint(path: Path, payload: dict[str, Any]) -> None:
-    """``torch.save`` to ``<path>.tmp`` then ``os.replace``: a crash never leaves half a file."""
+def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
+    """Calls ``write(file)`` on ``<path>.tmp``, syncs it and renames it to ``path``.
+
+    The temporary file is removed if anything fails (an interrupt included).
+    """
     tmp = path.with_name(path.name + ".tmp")
-    torch.save({"format_version": FORMAT_VERSION, **payload}, tmp)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def env_state_name(update: int) -> str:
+    """``envs-<update>.pkl``, the env copies saved with the checkpoint of ``update``."""
+    return f"{ENV_STATE_PREFIX}{update:08d}{ENV_STATE_SUFFIX}"
+
+
+def save_checkpoint(
+    directory: Path, payload: dict[str, Any], *, env_state: bytes | None = None
+) -> Path:
+    """Writes ``directory/checkpoint.pt`` (and the env copies, if given) atomically.
+
+    Args:
+        directory: the run's output directory.
+        payload: tensors and plain Python data only (``torch.load(weights_only=True)``
+            must read it back); ``counters["update"]`` names the env file.
+        env_state: pickled env copies, or None to save none (a resume then restarts the
+            envs from a reset).
+
+    Returns:
+        The checkpoint's path.
+    """
+    reference = None
+    if env_state is not None:
+        name = env_state_name(int(payload["counters"]["update"]))
+        write_atomic(directory / name, lambda f: f.write(env_state))
+        reference = {"file": name, "sha256": hashlib.sha256(env_state).hexdigest()}
+    path = directory / CHECKPOINT_NAME
+    data = {"format_version": FORMAT_VERSION, **payload, "env_state": reference}
+    write_atomic(path, lambda f: torch.save(data, f))
+    for old in directory.glob(f"{ENV_STATE_PREFIX}*{ENV_STATE_SUFFIX}"):
+        if reference is None or old.name != reference["file"]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint file ``path`` names: itself, or ``checkpoint.pt`` in a directory."""
+    file = Path(path)
+    return file / CHECKPOINT_NAME if file.is_dir() else file
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Loads a checkpoint written by ``save_checkpoint`` (a directory means its checkpoint.pt).
+    """Reads a checkpoint written by ``save_checkpoint`` without running code from it.
 
-    The file holds pickled env copies for an exact resume, so it is loaded with
-    ``weights_only=False``: only load checkpoints you trust.
+    ``torch.load(weights_only=True)`` refuses anything but tensors and plain data, so a
+    crafted file cannot run code; the content is then checked field by field.
+
+    Args:
+        path: ``checkpoint.pt`` or the run directory holding it.
 
     Raises:
-        ValueError: no such file, or not an rppo_td checkpoint.
+        CheckpointError: no such file, or one that is empty, truncated, corrupt, crafted,
+            from another format version or missing a field; the message names the file.
     """
-    file = Path(path)
-    if file.is_dir():
-        file = file / CHECKPOINT_NAME
+    file = checkpoint_file(path)
+    where = repr(str(file))
     if not file.is_file():
-        raise ValueError(f"no checkpoint at {str(file)!r}")
-    data = torch.load(file, map_location="cpu", weights_only=False)
-    if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{str(file)!r} is not an rppo_td checkpoint (format {FORMAT_VERSION})")
+        raise CheckpointError(f"no checkpoint at {where}")
+    if file.stat().st_size == 0:
+        raise CheckpointError(f"{where} is empty, not an rppo_td checkpoint")
+    try:
+        data = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch.load raises many types for bad bytes
+        text = str(err).strip()
+        if isinstance(err, pickle.UnpicklingError) and text.startswith("Weights only load"):
+            raise CheckpointError(
+                f"{where} is not an rppo_td checkpoint: it holds objects other than tensors "
+                "and plain data, refused without unpickling them"
+            ) from None
+        detail = text.splitlines()[0][:200] if text else type(err).__name__
+        raise CheckpointError(
+            f"{where} is not a readable rppo_td checkpoint (truncated or corrupt: {detail})"
+        ) from None
+    _check_content(data, where)
     return data
+
+
+def _check_content(data: Any, where: str) -> None:
+    if not isinstance(data, dict):
+        raise CheckpointError(
+            f"{where} is not an rppo_td checkpoint: it holds a {type(data).__name__}, not a dict"
+        )
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{where} is not an rppo_td checkpoint of format {FORMAT_VERSION} "
+            f"(format_version: {version!r})"
+        )
+    for key, kind in _REQUIRED.items():
+        if not isinstance(data.get(key), kind):
+            raise CheckpointError(
+                f"{where} is not a complete rppo_td checkpoint: {key!r} must be a "
+                f"{_type_names(kind)}, got {type(data.get(key)).__name__}"
+            )
+    for key, kind in _COUNTERS.items():
+        value = data["counters"].get(key)
+        if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
+            raise CheckpointError(
+                f"{where} is not a complete rppo_td checkpoint: counters[{key!r}] must be a "
+                f"non-negative {_type_names(kind)}, got {value!r}"
+            )
+    reference = data.get("env_state")
+    if reference is not None and not (
+        isinstance(reference, dict)
+        and isinstance(reference.get("file"), str)
+        and isinstance(reference.get("sha256"), str)
+    ):
+        raise CheckpointError(f"{where}: 'env_state' must name a file and its sha256")
+
+
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def load_env_state(directory: Path, reference: dict[str, str] | None) -> Any | None:
+    """Unpickles the env copies a checkpoint names, after checking their SHA-256.
+
+    Unpickling runs code: only ``--resume`` calls this, on runs the user trusts.
+
+    Returns:
+        The env copies, or None when the checkpoint saved none, or the file is missing or
+        does not match its hash (the caller then restarts the envs and says so).
+    """
+    if reference is None:
+        return None
+    file = directory / Path(reference["file"]).name
+    if not file.is_file():
+        return None
+    blob = file.read_bytes()
+    if hashlib.sha256(blob).hexdigest() != reference["sha256"]:
+        return None
+    return pickle.loads(blob)  # a file whose hash the checkpoint holds
 
 
 def check_resumable(saved: TrainConfig, given: dict[str, Any]) -> TrainConfig:

@@ -14,7 +14,7 @@ import yaml
 from rppo_td.envs import resolve_env_id
 from rppo_td.train._config import TrainConfig
 
-__all__ = ["build_parser", "config_from_args", "list_presets", "load_yaml"]
+__all__ = ["ShortErrorParser", "build_parser", "config_from_args", "list_presets", "load_yaml"]
 
 
 def list_presets() -> list[str]:
@@ -32,13 +32,34 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
         where = f"preset {path!r}"
     else:
         file = Path(path)
+        where = f"config file {str(file)!r}"
         if not file.is_file():
-            raise ValueError(f"config file {str(file)!r} does not exist")
-        text, where = file.read_text(), f"config file {str(file)!r}"
-    values = yaml.safe_load(text) or {}
+            problem = "is not a file" if file.exists() else "does not exist"
+            raise ValueError(f"{where} {problem}")
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{where} cannot be read as UTF-8 text ({err})") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ValueError(f"{where} is not valid YAML{at}: {problem}") from None
+    if values is None:
+        return {}
     if not isinstance(values, dict):
         raise ValueError(f"{where} must hold a mapping of settings, got {type(values).__name__}")
     return {str(k).replace("-", "_"): v for k, v in values.items()}
+
+
+class ShortErrorParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``--help`` shows the usage)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Prints ``prog: error: message (see prog --help)`` to stderr and exits with 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parse_type(hint: Any):
@@ -55,7 +76,7 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
     Only flags given on the command line appear in the parsed namespace, so they can override
     a preset, a config file or a resumed checkpoint's settings.
     """
-    parser = argparse.ArgumentParser(
+    parser = ShortErrorParser(
         prog=prog,
         description="Recurrent PPO on a gymnasium env. Settings come from the defaults, then "
         "--preset, then --config, then the flags given here.",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -13,11 +16,63 @@ from rppo_td.envs import CARTPOLE_NOVEL_ID
 __all__ = ["RUNTIME_FIELDS", "TrainConfig"]
 
 # fields that may differ between a checkpoint and the run resuming it
-RUNTIME_FIELDS = frozenset({"output", "resume", "device", "progress", "log_level", "threads"})
+RUNTIME_FIELDS = frozenset(
+    {"output", "resume", "overwrite", "device", "progress", "log_level", "threads"}
+)
 
 
-def _doc(text: str, **kwargs: Any) -> Any:
-    return field(metadata={"help": text}, **kwargs)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _doc(
+    text: str,
+    *,
+    default: Any,
+    low: float | None = None,
+    high: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A field with its help, default, inclusive bounds and choices in one place."""
+    metadata = {"help": text, "low": low, "high": high, "choices": choices}
+    return field(default=default, metadata=metadata)
+
+
+@functools.cache
+def _field_hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
+    """Raises ``ValueError`` unless ``value`` has the field's type, bounds and choices."""
+    name, meta = f.name, f.metadata
+    if typing.get_origin(hint) is typing.Literal:
+        choices: tuple[Any, ...] | None = typing.get_args(hint)
+    else:
+        choices = meta.get("choices")
+    if choices is not None:
+        if value not in choices or isinstance(value, bool):
+            raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+        return
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+        return
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
+        return
+    low, high = meta.get("low"), meta.get("high")
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        what = "an integer"
+    else:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = ok and math.isfinite(value)
+        what = "a finite number"
+    ok = ok and (low is None or value >= low) and (high is None or value <= high)
+    if not ok:
+        bound = f" >= {low}" if high is None else f" in [{low}, {high}]"
+        raise ValueError(f"{name} must be {what}{bound}, got {value!r}")
 
 
 @dataclass(kw_only=True)
@@ -31,18 +86,18 @@ class TrainConfig:
     env: str = _doc(
         "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
     )
-    total_steps: int = _doc("env steps to train for (all workers together)", default=100_000)
-    num_workers: int = _doc("parallel envs W", default=16)
-    rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32)
+    total_steps: int = _doc("env steps to train for (all workers together)", default=100_000, low=1)
+    num_workers: int = _doc("parallel envs W", default=16, low=1)
+    rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32, low=1)
     sequence_length: int = _doc(
-        "max BPTT sequence length L (episodes are cut into <= L)", default=16
+        "max BPTT sequence length L (episodes are cut into <= L)", default=16, low=1
     )
     recurrence: Literal["lstm", "gru", "none"] = _doc(
         "recurrent core; none is the control", default="lstm"
     )
-    hidden_size: int = _doc("width of encoder, recurrent core and heads", default=64)
-    num_layers: int = _doc("recurrent layers", default=1)
-    head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1)
+    hidden_size: int = _doc("width of encoder, recurrent core and heads", default=64, low=1)
+    num_layers: int = _doc("recurrent layers", default=1, low=1)
+    head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1, low=0)
     normalize_observations: bool = _doc(
         "standardise vector observations (running stats)", default=True
     )
@@ -51,19 +106,20 @@ class TrainConfig:
         "(0: all run long); frozen stats keep a solved policy's inputs from drifting as "
         "its observations narrow",
         default=0,
+        low=0,
     )
     shared_critic: bool = _doc("share the encoder and core between policy and value", default=False)
-    gamma: float = _doc("discount", default=0.98)
-    gae_lambda: float = _doc("GAE lambda", default=0.8)
-    epochs: int = _doc("PPO epochs per update", default=10)
-    num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1)
-    learning_rate: float = _doc("Adam learning rate", default=1e-3)
+    gamma: float = _doc("discount", default=0.98, low=0.0, high=1.0)
+    gae_lambda: float = _doc("GAE lambda", default=0.8, low=0.0, high=1.0)
+    epochs: int = _doc("PPO epochs per update", default=10, low=1)
+    num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
+    learning_rate: float = _doc("Adam learning rate", default=1e-3, low=0.0, high=1.0)
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
-    clip_epsilon: float = _doc("PPO ratio clip", default=0.2)
+    clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=10.0)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
-    value_coef: float = _doc("value loss coefficient", default=0.5)
-    entropy_coef: float = _doc("entropy bonus coefficient", default=0.0)
-    max_grad_norm: float = _doc("gradient-norm clip", default=0.5)
+    value_coef: float = _doc("value loss coefficient", default=0.5, low=0.0, high=1e6)
+    entropy_coef: float = _doc("entropy bonus coefficient", default=0.0, low=0.0, high=1e6)
+    max_grad_norm: float = _doc("gradient-norm clip", default=0.5, low=0.0, high=1e6)
     normalize_advantage: bool = _doc(
         "standardise advantages per minibatch over real steps (masked_normalize); off by "
         "default: once the task is solved it scales noise up to unit size and the policy "
@@ -74,80 +130,61 @@ class TrainConfig:
         "added to the advantage std when normalising; a floor that keeps near-zero "
         "advantages (a solved task) from being blown up to unit scale",
         default=1e-8,
+        low=0.0,
+        high=1e6,
     )
-    seed: int = _doc("seed of torch, numpy, the envs and the sampler", default=0)
+    seed: int = _doc(
+        "seed of torch, numpy, the envs and the sampler", default=0, low=0, high=2**32 - 1
+    )
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
-    threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1)
+    threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1, low=0)
     collector: Literal["vector", "torchrl"] = _doc(
         "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector", default="vector"
     )
     output: str = _doc("output directory (default runs/<env>-<recurrence>-s<seed>)", default="")
-    resume: str = _doc("continue the run saved in this directory", default="")
-    checkpoint_every: int = _doc("updates between checkpoints", default=20)
-    eval_episodes: int = _doc("deterministic evaluation episodes at the end", default=20)
+    resume: str = _doc(
+        "continue the run saved in this directory (or its checkpoint.pt); an exact resume "
+        "also unpickles the env copies saved beside the checkpoint, so resume only runs you "
+        "trust",
+        default="",
+    )
+    overwrite: bool = _doc(
+        "start afresh in an output directory that holds a run, deleting that run's files "
+        "(without it such a directory is refused)",
+        default=False,
+    )
+    checkpoint_every: int = _doc("updates between checkpoints", default=20, low=1)
+    eval_episodes: int = _doc("deterministic evaluation episodes at the end", default=20, low=0)
     progress: bool = _doc("show a progress bar", default=True)
-    log_level: str = _doc("logging level", default="INFO")
+    log_level: str = _doc("logging level", default="INFO", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
+        if isinstance(self.log_level, str):
+            self.log_level = self.log_level.upper()
         self.validate()
 
     def validate(self) -> None:
-        """Raises ``ValueError`` naming the first bad field (and the env if unknown)."""
-        ints = {
-            "total_steps": 1,
-            "num_workers": 1,
-            "rollout_steps": 1,
-            "sequence_length": 1,
-            "hidden_size": 1,
-            "num_layers": 1,
-            "head_layers": 0,
-            "epochs": 1,
-            "num_minibatches": 1,
-            "threads": 0,
-            "checkpoint_every": 1,
-            "eval_episodes": 0,
-            "normalizer_steps": 0,
-        }
-        for name, low in ints.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        floats: dict[str, tuple[float, float]] = {
-            "gamma": (0.0, 1.0),
-            "gae_lambda": (0.0, 1.0),
-            "clip_epsilon": (0.0, 10.0),
-            "learning_rate": (0.0, 1.0),
-            "value_coef": (0.0, 1e6),
-            "entropy_coef": (0.0, 1e6),
-            "max_grad_norm": (0.0, 1e6),
-            "advantage_eps": (0.0, 1e6),
-        }
-        for name, (lo, hi) in floats.items():
-            number = getattr(self, name)
-            if (
-                isinstance(number, bool)
-                or not isinstance(number, int | float)
-                or not (lo <= number <= hi)
-            ):
-                raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {number!r}")
-        for name in (
-            "anneal_lr",
-            "anneal_clip",
-            "normalize_advantage",
-            "progress",
-            "shared_critic",
-            "normalize_observations",
-        ):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.recurrence not in ("lstm", "gru", "none"):
-            raise ValueError(f"recurrence must be lstm, gru or none, got {self.recurrence!r}")
-        if self.collector not in ("vector", "torchrl"):
-            raise ValueError(f"collector must be vector or torchrl, got {self.collector!r}")
+        """Raises ``ValueError`` naming the first bad field, its expected and actual value.
+
+        Every field is checked against its annotation (``int``, ``float``, ``bool``, ``str`` or
+        a ``Literal``) and the bounds and choices in its metadata, then the settings are checked
+        against each other (one rollout fits the budget, the minibatches fit a rollout).
+        """
+        hints = _field_hints()
+        for f in dataclasses.fields(self):
+            _check_field(f, hints[f.name], getattr(self, f.name))
         if self.rollout_steps * self.num_workers > self.total_steps:
             raise ValueError(
                 f"total_steps={self.total_steps} is less than one rollout "
                 f"(num_workers * rollout_steps = {self.num_workers * self.rollout_steps})"
+            )
+        fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
+        if self.num_minibatches > fewest:
+            raise ValueError(
+                f"num_minibatches={self.num_minibatches} can exceed the sequences of a rollout: "
+                f"num_workers * ceil(rollout_steps / sequence_length) = {self.num_workers} * "
+                f"ceil({self.rollout_steps} / {self.sequence_length}) = {fewest} is the fewest "
+                f"a rollout can hold; use num_minibatches <= {fewest}"
             )
 
     @property

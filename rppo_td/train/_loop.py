@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import pickle
 import signal
 import threading
 import time
@@ -18,15 +19,21 @@ from tqdm import tqdm
 from rppo_td.envs import make_vector_env
 from rppo_td.evaluate import evaluate_agent
 from rppo_td.train._checkpoint import (
-    CHECKPOINT_NAME,
     check_resumable,
+    checkpoint_file,
     load_checkpoint,
+    load_env_state,
     rng_state,
     save_checkpoint,
     set_rng_state,
 )
 from rppo_td.train._config import TrainConfig
-from rppo_td.train._outputs import MetricsLog, plot_learning_curve, write_json_atomic
+from rppo_td.train._outputs import (
+    MetricsLog,
+    plot_learning_curve,
+    prepare_run_directory,
+    write_json_atomic,
+)
 from rppo_td.train._ppo import PPOSettings, PPOUpdate
 from rppo_td.train._setup import build_agent, seed_everything
 from rppo_td.train._vector_collector import VectorCollector
@@ -37,10 +44,17 @@ log = logging.getLogger(__name__)
 
 
 class _StopFlag:
-    """Turns SIGINT/SIGTERM into a flag checked between updates (a second Ctrl-C aborts)."""
+    """Turns SIGINT/SIGTERM into a flag checked between updates.
+
+    A second SIGINT aborts the update in progress (``KeyboardInterrupt``) without saving, so
+    the last checkpoint, written between updates, stays the consistent one; while a checkpoint
+    is being written the abort waits until it is complete.
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self.saving = False
+        self._abort_after_save = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopFlag:
@@ -51,9 +65,22 @@ class _StopFlag:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested and signum == signal.SIGINT:
+            if self.saving:
+                self._abort_after_save = True
+                return
             raise KeyboardInterrupt
         self.requested = True
-        log.warning("signal %d: stopping after this update and saving a checkpoint", signum)
+        log.warning(
+            "signal %d: stopping after this update and saving a checkpoint (Ctrl-C again "
+            "aborts the update; the last checkpoint is kept)",
+            signum,
+        )
+
+    def saved(self) -> None:
+        """Ends a save; raises the abort a second SIGINT asked for during it."""
+        self.saving = False
+        if self._abort_after_save:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
@@ -73,15 +100,27 @@ class Trainer:
         checkpoint = None
         if config.resume:
             checkpoint = load_checkpoint(config.resume)
-            saved = TrainConfig.from_dict(checkpoint["config"], where="checkpoint config")
+            where = f"the config in {str(checkpoint_file(config.resume))!r}"
+            saved = TrainConfig.from_dict(checkpoint["config"], where=where)
+            run_directory = checkpoint_file(config.resume).parent
             given = {**(given or {}), "resume": config.resume}
-            if "output" not in given:
-                given["output"] = str(Path(config.resume))
+            if "output" in given and Path(given["output"]).resolve() != run_directory.resolve():
+                raise ValueError(
+                    f"output={given['output']!r} is not the resumed run's directory "
+                    f"{str(run_directory)!r}; a run resumes in its own directory"
+                )
+            given["output"] = str(run_directory)
+            given.pop("overwrite", None)
             config = check_resumable(saved, given)
         self.config = config
         self.device = _check_device(config.device)
         self.directory = config.output_dir()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        prepare_run_directory(
+            self.directory,
+            resuming=checkpoint is not None,
+            overwrite=config.overwrite,
+            keep=None if checkpoint is None else (checkpoint.get("env_state") or {}).get("file"),
+        )
         if config.threads:
             torch.set_num_threads(config.threads)
         self.generator = seed_everything(config.seed)
@@ -90,6 +129,7 @@ class Trainer:
             self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
         )
         self.collector = self._make_collector()
+        self._envs_picklable = self._check_env_pickling()
         self.ppo = PPOUpdate(
             self.agent,
             self.optimizer,
@@ -115,6 +155,7 @@ class Trainer:
         }
         self.recent: collections.deque = collections.deque(maxlen=20)
         self.recent_lengths: collections.deque = collections.deque(maxlen=20)
+        self.resumed = checkpoint is not None
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -136,17 +177,58 @@ class Trainer:
             env, self.agent, rollout_steps=c.rollout_steps, seed=c.seed, device=self.device
         )
 
+    def _check_env_pickling(self) -> bool:
+        """Whether the env copies pickle (for exact resumes); warns at start-up if not."""
+        copies = getattr(self.collector, "env_copies", lambda: None)()
+        if copies is None:
+            return False
+        try:
+            pickle.dumps(copies)
+        except Exception as err:  # any object can refuse to pickle in its own way
+            log.warning(
+                "env %r cannot be pickled (%s: %s): checkpoints will hold no env state, and a "
+                "resumed run restarts its envs from a reset (not an exact resume)",
+                self.config.env,
+                type(err).__name__,
+                err,
+            )
+            return False
+        return True
+
+    def _env_state(self) -> bytes | None:
+        if not self._envs_picklable:
+            return None
+        try:
+            return pickle.dumps(self.collector.env_copies())
+        except Exception as err:  # the env became unpicklable since start-up
+            log.warning("env state not saved (cannot pickle it: %s)", err)
+            self._envs_picklable = False
+            return None
+
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         try:
             self.agent.load_state_dict(checkpoint["model"])
-        except RuntimeError as err:
-            raise ValueError(f"checkpoint model does not fit this agent: {err}") from err
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.collector.load_state_dict(checkpoint["collector"])
-        set_rng_state(checkpoint["rng"], self.generator)
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            set_rng_state(checkpoint["rng"], self.generator)
+        except (RuntimeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
+                f"builds ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+            ) from None
+        envs = None
+        if hasattr(self.collector, "env_copies"):
+            envs = load_env_state(self.directory, checkpoint.get("env_state"))
+            if envs is None:
+                log.warning(
+                    "no usable env state beside the checkpoint: the envs restart from a reset "
+                    "(the run continues, but not exactly as an uninterrupted one would)"
+                )
+            self.collector.load_state_dict(checkpoint["collector"], envs)
+        else:
+            self.collector.load_state_dict(checkpoint["collector"])
         self.counters = dict(checkpoint["counters"])
-        self.recent.extend(checkpoint.get("recent_returns", []))
-        self.recent_lengths.extend(checkpoint.get("recent_lengths", []))
+        self.recent.extend(checkpoint["recent_returns"])
+        self.recent_lengths.extend(checkpoint["recent_lengths"])
         log.info(
             "resumed %s at update %d (%d env steps)",
             self.directory,
@@ -155,10 +237,9 @@ class Trainer:
         )
 
     def save(self) -> Path:
-        """Writes ``checkpoint.pt`` atomically (model, optimizer, RNG, config, counters)."""
-        path = self.directory / CHECKPOINT_NAME
-        save_checkpoint(
-            path,
+        """Writes ``checkpoint.pt`` (and the env copies) atomically; only between updates."""
+        return save_checkpoint(
+            self.directory,
             {
                 "config": self.config.to_dict(),
                 "model": self.agent.state_dict(),
@@ -166,11 +247,11 @@ class Trainer:
                 "collector": self.collector.state_dict(),
                 "rng": rng_state(self.generator),
                 "counters": dict(self.counters),
-                "recent_returns": list(self.recent),
-                "recent_lengths": list(self.recent_lengths),
+                "recent_returns": [float(x) for x in self.recent],
+                "recent_lengths": [int(x) for x in self.recent_lengths],
             },
+            env_state=self._env_state(),
         )
-        return path
 
     def _schedule(self, update: int) -> tuple[float, float]:
         c = self.config
@@ -217,12 +298,19 @@ class Trainer:
     def run(self, *, stop_after_updates: int | None = None) -> dict[str, Any] | None:
         """Trains to ``total_steps``; returns the summary, or None if stopped early.
 
+        A checkpoint is written every ``checkpoint_every`` updates, when a signal stops the
+        run, and after the last update, always between updates. An exception (or a second
+        Ctrl-C) writes none, so the last checkpoint is the consistent state to resume from.
+
         Args:
             stop_after_updates: stop (as on SIGTERM) once this many updates are done; for
                 tests of ``--resume``.
         """
         c = self.config
-        metrics = MetricsLog(self.directory)
+        resume_from = None
+        if self.resumed:
+            resume_from = (self.counters["update"], self.counters["env_steps"])
+        metrics = MetricsLog(self.directory, resume_from=resume_from)
         bar = tqdm(
             total=c.num_updates * c.steps_per_update,
             initial=self.counters["env_steps"],
@@ -231,6 +319,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         stopped = False
+        saved_update = self.counters["update"]
         try:
             with _StopFlag() as stop:
                 while self.counters["update"] < c.num_updates:
@@ -241,16 +330,27 @@ class Trainer:
                         fps=f"{row['fps']:.0f}", ret=f"{row['episode_return_mean']:.1f}"
                     )
                     done = self.counters["update"]
-                    if stop.requested or done == stop_after_updates:
-                        stopped = True
-                        break
-                    if done % c.checkpoint_every == 0:
+                    stopped = stop.requested or done == stop_after_updates
+                    if stopped or done % c.checkpoint_every == 0 or done == c.num_updates:
+                        stop.saving = True
                         self.save()
+                        saved_update = done
+                        stop.saved()
+                    if stopped:
+                        break
+        except BaseException:
+            log.error(
+                "the run stopped during update %d; the last checkpoint (update %d) is kept: "
+                "continue with --resume %s",
+                self.counters["update"] + 1,
+                saved_update,
+                self.directory,
+            )
+            raise
         finally:
             bar.close()
             metrics.close()
-            self.save()
-            plot_learning_curve(self.directory, title=f"{c.env} ({c.recurrence})")
+            _plot(self.directory, title=f"{c.env} ({c.recurrence})")
         if stopped:
             log.info(
                 "stopped at update %d; continue with --resume %s",
@@ -286,6 +386,14 @@ class Trainer:
         }
         write_json_atomic(self.directory / "summary.json", summary)
         return summary
+
+
+def _plot(directory: Path, *, title: str) -> None:
+    """The learning curve; a plotting failure is logged, never raised over the run's result."""
+    try:
+        plot_learning_curve(directory, title=title)
+    except Exception as err:  # matplotlib and the filesystem raise many types
+        log.warning("learning_curve.png not written: %s", err)
 
 
 def _check_device(name: str) -> torch.device:

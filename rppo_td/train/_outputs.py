@@ -6,6 +6,7 @@ import csv
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = [
     "METRIC_FIELDS",
     "MetricsLog",
     "plot_learning_curve",
+    "prepare_run_directory",
     "write_json_atomic",
 ]
 
@@ -52,28 +54,46 @@ SUMMARY_KEYS = (
 
 
 class MetricsLog:
-    """Appends one row per update to ``metrics.csv`` and the same scalars to TensorBoard.
+    """Writes one row per update to ``metrics.csv`` and the same scalars to TensorBoard.
 
-    A resumed run appends to the existing CSV; TensorBoard starts a new events file in the
-    same directory, which TensorBoard merges by step.
+    A fresh run starts both. A resumed run first drops what was logged after its checkpoint
+    (a run killed between checkpoints logged updates it will now redo): ``metrics.csv`` keeps
+    the rows up to the checkpoint's update, and TensorBoard starts a new events file that
+    purges the scalars after the checkpoint's step (``SummaryWriter(purge_step=...)``), so
+    every update appears exactly once in both.
 
     Args:
         directory: the run's output directory.
+        resume_from: ``(update, env_steps)`` of the checkpoint a resumed run starts from, or
+            None for a fresh run.
         tensorboard: also write TensorBoard events.
     """
 
-    def __init__(self, directory: Path, *, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        resume_from: tuple[int, int] | None = None,
+        tensorboard: bool = True,
+    ) -> None:
         self.path = directory / "metrics.csv"
-        fresh = not self.path.exists()
-        self._file = self.path.open("a", newline="")
-        self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
-        if fresh:
+        purge_step = None
+        if resume_from is not None and self.path.exists():
+            update, steps = resume_from
+            _truncate_rows(self.path, update)
+            purge_step = steps + 1
+            self._file = self.path.open("a", newline="")
+            self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
+        else:
+            self._file = self.path.open("w", newline="")
+            self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
             self._csv.writeheader()
+            self._file.flush()
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(directory))
+            self._tb = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
 
     def write(self, row: dict[str, Any]) -> None:
         """Writes one update's row (missing fields are left empty)."""
@@ -85,12 +105,79 @@ class MetricsLog:
                 value = row.get(key)
                 if isinstance(value, int | float) and value == value:  # skip NaN
                     self._tb.add_scalar(f"train/{key}", value, step)
+            self._tb.flush()
 
     def close(self) -> None:
         """Flushes and closes both writers."""
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _truncate_rows(path: Path, last_update: int) -> None:
+    """Rewrites ``metrics.csv`` (atomically) with the rows of updates ``<= last_update``."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    kept = [r for r in rows if r.get("update", "").isdigit() and int(r["update"]) <= last_update]
+    if len(kept) == len(rows):
+        return
+    log.info("metrics.csv: dropping %d rows logged after the checkpoint", len(rows) - len(kept))
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(kept)
+    os.replace(tmp, path)
+
+
+# the files a run writes; a fresh run refuses a directory holding the first four kinds
+RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.csv", "events.out.tfevents.*", "envs-*.pkl")
+OTHER_OUTPUTS = ("learning_curve.png",)
+
+
+def prepare_run_directory(
+    directory: Path, *, resuming: bool, overwrite: bool = False, keep: str | None = None
+) -> None:
+    """Creates the output directory and protects a run already in it.
+
+    A fresh run into a directory holding a run's files is refused unless ``overwrite``,
+    which deletes those files (and no others). Leftover ``*.tmp`` files of an interrupted
+    write are removed, and so are env-state files other than ``keep`` (the one the
+    checkpoint being resumed names).
+
+    Raises:
+        ValueError: the directory cannot be created or written, or holds a run while
+            neither ``resuming`` nor ``overwrite``.
+    """
+    where = repr(str(directory))
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as err:
+        raise ValueError(
+            f"output directory {where} cannot be created or written ({err.strerror or err})"
+        ) from None
+    found = sorted({p.name for pattern in RUN_FILES for p in directory.glob(pattern)})
+    if found and not resuming:
+        if not overwrite:
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ValueError(
+                f"output directory {where} already holds a run ({shown}); continue it with "
+                f"--resume {directory!s}, replace it with --overwrite, or choose another "
+                "--output"
+            )
+        for pattern in (*RUN_FILES, *OTHER_OUTPUTS):
+            for path in directory.glob(pattern):
+                path.unlink()
+        log.warning("--overwrite: deleted the previous run's files in %s", directory)
+    for pattern in (*RUN_FILES, *OTHER_OUTPUTS):
+        for path in directory.glob(pattern + ".tmp"):
+            path.unlink(missing_ok=True)
+    if resuming:
+        for path in directory.glob("envs-*.pkl"):
+            if path.name != keep:
+                path.unlink()
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

@@ -164,21 +164,38 @@ class VectorCollector:
         td["next", "state_value"] = torch.where(done, td["next", "state_value"], following)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly: env copies, observation, state, stats."""
+        """Observation, recurrent state and episode stats, as tensors (no env copies).
+
+        ``torch.load(weights_only=True)`` reads it back; the envs are ``env_copies()``.
+        """
         return {
-            "envs": getattr(self.env, "envs", None),
-            "obs": self.obs,
-            "state": self.state,
+            "obs": self.obs.to_dict(),
+            "state": list(self.state),
             "is_init": self.is_init,
-            "running_return": self.stats.running_return.copy(),
-            "running_length": self.stats.running_length.copy(),
+            "running_return": torch.from_numpy(self.stats.running_return.copy()),
+            "running_length": torch.from_numpy(self.stats.running_length.copy()),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restores ``state_dict()``; the envs are replaced by the pickled copies."""
-        if state.get("envs") is not None:
+    def env_copies(self) -> list[gym.Env] | None:
+        """The sub-envs to pickle for an exact resume (None if the env has none)."""
+        return getattr(self.env, "envs", None)
+
+    def load_state_dict(self, state: dict[str, Any], envs: list[gym.Env] | None = None) -> None:
+        """Restores ``state_dict()``; ``envs`` (unpickled ``env_copies()``) replace the envs.
+
+        Without ``envs`` the envs keep their fresh reset and the first step of every worker
+        starts an episode.
+        """
+        if envs is not None:
+            if len(envs) != self.num_envs:
+                raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
             # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
-            self.env.envs = list(state["envs"])  # type: ignore[attr-defined]
-        self.obs, self.state, self.is_init = state["obs"], tuple(state["state"]), state["is_init"]
-        self.stats.running_return = state["running_return"].copy()
-        self.stats.running_length = state["running_length"].copy()
+            self.env.envs = list(envs)  # type: ignore[attr-defined]
+            self.obs = TensorDict(state["obs"], batch_size=[self.num_envs])
+            self.state = tuple(state["state"])
+            self.is_init = state["is_init"]
+            self.stats.running_return = state["running_return"].numpy().copy()
+            self.stats.running_length = state["running_length"].numpy().copy()
+        else:
+            self.state = self.agent.initial_state(self.num_envs, self.device)
+            self.is_init = torch.ones(self.num_envs, dtype=torch.bool)

@@ -81,16 +81,69 @@ def test_config_file_then_flags(tmp_path):
         (["--sequence-length", "0"], "sequence_length must be an integer >= 1, got 0"),
         (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
         (["--env", "no_such_module_xyz:Foo-v0"], "cannot import module"),
-        (["--gamma", "1.5"], "gamma must be a number in [0.0, 1.0]"),
+        (["--gamma", "1.5"], "gamma must be a finite number in [0.0, 1.0]"),
         (["--recurrence", "rnn"], "invalid choice: 'rnn'"),
         (["--total-steps", "ten"], "invalid int value: 'ten'"),
         (["--total-steps", "100"], "less than one rollout"),
         (["--preset", "nope"], "unknown preset 'nope'"),
         (["--config", "/no/such/file.yaml"], "does not exist"),
+        (["--config", "/"], "is not a file"),
+        (["--log-level", "VERBOSE"], "log_level must be one of ['DEBUG', 'INFO', 'WARNING'"),
+        (["--seed", "-1"], "seed must be an integer in [0, 4294967295], got -1"),
+        (["--gamma", "nan"], "gamma must be a finite number in [0.0, 1.0], got nan"),
+        (["--learning-rate", "inf"], "learning_rate must be a finite number"),
+        (
+            ["--num-workers", "2", "--rollout-steps", "8", "--sequence-length", "4"]
+            + ["--num-minibatches", "5"],
+            "num_minibatches=5 can exceed the sequences of a rollout",
+        ),
     ],
 )
 def test_bad_values_give_clear_errors(capsys, argv, message):
-    assert message in _error(capsys, argv)
+    err = _error(capsys, argv)
+    assert message in err
+    # one line, pointing at --help rather than printing the whole usage block
+    assert len(err.strip().splitlines()) == 1 and "--help" in err
+
+
+def test_log_level_is_case_insensitive():
+    config, _ = config_from_args(["--log-level", "debug"])
+    assert config.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("total_steps: [1, 2\n", "is not valid YAML at line 2"),
+        ("output: 7\n", "output must be a string, got 7 (int)"),
+        ("num_workers: four\n", "num_workers must be an integer >= 1, got 'four'"),
+        ("gamma: [1]\n", "gamma must be a finite number in [0.0, 1.0], got [1]"),
+        ("anneal_lr: 'yes'\n", "anneal_lr must be true or false, got 'yes'"),
+        ("recurrence: 3\n", "recurrence must be one of ['lstm', 'gru', 'none'], got 3"),
+        ("- 1\n- 2\n", "must hold a mapping of settings, got list"),
+        ("seed: -3\n", "seed must be an integer in [0, 4294967295], got -3"),
+    ],
+)
+def test_bad_config_files_give_clear_errors(capsys, tmp_path, text, message):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    err = _error(capsys, ["--config", str(path)])
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_empty_config_file_is_the_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert config_from_args(["--config", str(path)])[0] == TrainConfig()
+
+
+def test_every_field_is_type_checked():
+    """A value of the wrong type is refused for every field, naming it."""
+    for f in dataclasses.fields(TrainConfig):
+        wrong = 1.5 if isinstance(f.default, str | bool) else "x"
+        with pytest.raises(ValueError, match=f"^{f.name} must be"):
+            TrainConfig(**{f.name: wrong})
 
 
 def test_unknown_key_in_config_file(capsys, tmp_path):
