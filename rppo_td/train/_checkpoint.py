@@ -17,6 +17,7 @@ import hashlib
 import os
 import pickle
 import random
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,10 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if file.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty, not an rppo_td checkpoint")
     try:
-        data = torch.load(file, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns about what it refuses to unpickle; the error below says it once
+            warnings.simplefilter("ignore")
+            data = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # torch.load raises many types for bad bytes
         text = str(err).strip()
         if isinstance(err, pickle.UnpicklingError) and text.startswith("Weights only load"):

@@ -99,6 +99,12 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
         checkpoint = None
         if config.resume:
+            file = checkpoint_file(config.resume)
+            if not file.exists() and (file.parent / "metrics.csv").exists():
+                raise ValueError(
+                    f"no checkpoint at {str(file)!r}: the run there stopped before its first "
+                    "checkpoint; start it afresh with --overwrite"
+                )
             checkpoint = load_checkpoint(config.resume)
             where = f"the config in {str(checkpoint_file(config.resume))!r}"
             saved = TrainConfig.from_dict(checkpoint["config"], where=where)

@@ -160,7 +160,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_sigkill_at_a_random_update_then_resume(reference, tmp_path, seed):
     out = tmp_path / "run"
     after = random.Random(seed).randint(1, UPDATES - 2)
@@ -170,10 +170,16 @@ def test_sigkill_at_a_random_update_then_resume(reference, tmp_path, seed):
     code, _ = _finish(proc)
     assert code == -signal.SIGKILL
     logged = len(_rows(out))
-    if (out / "checkpoint.pt").exists():
+    if not (out / "checkpoint.pt").exists():
+        # killed before the first checkpoint: nothing to resume, and the run says so
+        assert logged < EVERY
+        result = _run([sys.executable, "-m", "rppo_td.train", "--resume", str(out)])
+        assert result.returncode == 2 and "--overwrite" in result.stderr
+        assert _run(_command(out, "--overwrite")).returncode == 0
+    else:
         saved = load_checkpoint(out)["counters"]["update"]
         assert saved <= logged and saved % EVERY == 0
-    _resume(out)
+        _resume(out)
     _assert_same_as(reference, out)
 
 
@@ -306,7 +312,10 @@ def _crafted_files(folder: Path, marker: Path) -> dict[str, Path]:
     return files
 
 
-def test_bad_checkpoints_never_run_code(reference, tmp_path):
+def test_bad_checkpoints_never_run_code(reference, tmp_path, capsys):
+    from rppo_td.evaluate import main as eval_main
+    from rppo_td.train import main as train_main
+
     marker = tmp_path / "code_ran"
     files = _crafted_files(tmp_path / "bad", marker)
     # a real checkpoint cut short
@@ -316,16 +325,34 @@ def test_bad_checkpoints_never_run_code(reference, tmp_path):
     truncated.write_bytes(blob[: len(blob) // 2])
     files["truncated"] = truncated
     for name, path in files.items():
-        for args in (
-            [sys.executable, "-m", "rppo_td.evaluate", "--checkpoint", str(path)],
-            [sys.executable, "-m", "rppo_td.train", "--resume", str(path.parent)],
+        for command, args in (
+            (eval_main, ["--checkpoint", str(path)]),
+            (train_main, ["--resume", str(path.parent)]),
         ):
-            result = _run(args)
-            assert result.returncode == 2, (name, args[2], result.stderr[-2000:])
-            lines = result.stderr.strip().splitlines()
-            assert len(lines) == 1 and "Traceback" not in result.stderr, (name, lines)
-            assert str(path) in lines[0], (name, lines)
+            code = _status(command, args)
+            err = capsys.readouterr().err
+            assert code == 2, (name, command.__module__, err[-2000:])
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and str(path) in lines[0], (name, lines)
             assert not marker.exists(), f"{name}: loading ran code"
+    # and through the real commands, as separate processes
+    path = files["torch_dict"]
+    for args in (
+        [sys.executable, "-m", "rppo_td.evaluate", "--checkpoint", str(path)],
+        [sys.executable, "-m", "rppo_td.train", "--resume", str(path.parent)],
+    ):
+        result = _run(args)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert not marker.exists()
+
+
+def _status(command, args: list[str]) -> int:
+    """The exit status of a command's ``main``, returned or raised as ``SystemExit``."""
+    try:
+        return command(args)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
 
 
 def test_eval_never_reads_the_env_copies(reference, tmp_path):
