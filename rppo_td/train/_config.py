@@ -173,6 +173,11 @@ class TrainConfig:
         hints = _field_hints()
         for f in dataclasses.fields(self):
             _check_field(f, hints[f.name], getattr(self, f.name))
+        if self.resume and self.overwrite:
+            raise ValueError(
+                "resume and overwrite contradict each other: --resume continues the run in "
+                "its directory, --overwrite deletes it; give one"
+            )
         if self.rollout_steps * self.num_workers > self.total_steps:
             raise ValueError(
                 f"total_steps={self.total_steps} is less than one rollout "

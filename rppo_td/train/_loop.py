@@ -116,7 +116,6 @@ class Trainer:
                     f"{str(run_directory)!r}; a run resumes in its own directory"
                 )
             given["output"] = str(run_directory)
-            given.pop("overwrite", None)
             config = check_resumable(saved, given)
         self.config = config
         self.device = _check_device(config.device)

@@ -246,3 +246,26 @@ def test_observation_statistics_freeze_after_normalizer_steps(tmp_path):
     trainer.run()
     assert config.steps_per_update == 64
     assert float(trainer.agent.normalizer.count) == 128
+
+
+def test_output_directory_that_cannot_be_created(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["--preset", "smoke", "--output", str(blocker / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be created or written" in err and str(blocker / "run") in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--resume", str(tmp_path), "--overwrite"])
+    assert "contradict" in capsys.readouterr().err
+
+
+def test_resume_into_another_output_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--preset", "smoke", "--output", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(out), "--output", str(tmp_path / "elsewhere")]) == 2
+    assert "is not the resumed run's directory" in capsys.readouterr().err
