@@ -93,8 +93,16 @@ def test_config_file_then_flags(tmp_path):
         (["--gamma", "nan"], "gamma must be a finite number in [0.0, 1.0], got nan"),
         (["--learning-rate", "inf"], "learning_rate must be a finite number"),
         (
-            ["--num-workers", "2", "--rollout-steps", "8", "--sequence-length", "4"]
-            + ["--num-minibatches", "5"],
+            [
+                "--num-workers",
+                "2",
+                "--rollout-steps",
+                "8",
+                "--sequence-length",
+                "4",
+                "--num-minibatches",
+                "5",
+            ],
             "num_minibatches=5 can exceed the sequences of a rollout",
         ),
     ],
