@@ -88,7 +88,11 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         kind, choices = _parse_type(hints[f.name])
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r})"
+        low, high = f.metadata.get("low"), f.metadata.get("high")
+        bounds = ""
+        if low is not None:
+            bounds = f"; >= {low}" if high is None else f"; {low} to {high}"
+        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r}{bounds})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:

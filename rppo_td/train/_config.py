@@ -87,7 +87,7 @@ class TrainConfig:
         "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
     )
     total_steps: int = _doc("env steps to train for (all workers together)", default=100_000, low=1)
-    num_workers: int = _doc("parallel envs W", default=16, low=1)
+    num_workers: int = _doc("parallel envs W", default=16, low=1, high=100_000)
     rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32, low=1)
     sequence_length: int = _doc(
         "max BPTT sequence length L (episodes are cut into <= L)", default=16, low=1
@@ -95,9 +95,13 @@ class TrainConfig:
     recurrence: Literal["lstm", "gru", "none"] = _doc(
         "recurrent core; none is the control", default="lstm"
     )
-    hidden_size: int = _doc("width of encoder, recurrent core and heads", default=64, low=1)
-    num_layers: int = _doc("recurrent layers", default=1, low=1)
-    head_layers: int = _doc("hidden layers in each of the policy and value heads", default=1, low=0)
+    hidden_size: int = _doc(
+        "width of encoder, recurrent core and heads", default=64, low=1, high=65_536
+    )
+    num_layers: int = _doc("recurrent layers", default=1, low=1, high=128)
+    head_layers: int = _doc(
+        "hidden layers in each of the policy and value heads", default=1, low=0, high=64
+    )
     normalize_observations: bool = _doc(
         "standardise vector observations (running stats)", default=True
     )
@@ -111,7 +115,7 @@ class TrainConfig:
     shared_critic: bool = _doc("share the encoder and core between policy and value", default=False)
     gamma: float = _doc("discount", default=0.98, low=0.0, high=1.0)
     gae_lambda: float = _doc("GAE lambda", default=0.8, low=0.0, high=1.0)
-    epochs: int = _doc("PPO epochs per update", default=10, low=1)
+    epochs: int = _doc("PPO epochs per update", default=10, low=1, high=100_000)
     num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
     learning_rate: float = _doc("Adam learning rate", default=1e-3, low=0.0, high=1.0)
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
@@ -137,7 +141,7 @@ class TrainConfig:
         "seed of torch, numpy, the envs and the sampler", default=0, low=0, high=2**32 - 1
     )
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
-    threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1, low=0)
+    threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1, low=0, high=4096)
     collector: Literal["vector", "torchrl"] = _doc(
         "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector", default="vector"
     )
@@ -154,7 +158,9 @@ class TrainConfig:
         default=False,
     )
     checkpoint_every: int = _doc("updates between checkpoints", default=20, low=1)
-    eval_episodes: int = _doc("deterministic evaluation episodes at the end", default=20, low=0)
+    eval_episodes: int = _doc(
+        "deterministic evaluation episodes at the end", default=20, low=0, high=100_000
+    )
     progress: bool = _doc("show a progress bar", default=True)
     log_level: str = _doc("logging level", default="INFO", choices=LOG_LEVELS)
 

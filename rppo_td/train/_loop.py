@@ -129,7 +129,15 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.generator = seed_everything(config.seed)
-        self.agent = build_agent(config).to(self.device)
+        try:
+            self.agent = build_agent(config).to(self.device)
+        except (RuntimeError, MemoryError) as err:
+            if "alloc" not in str(err) and not isinstance(err, MemoryError):
+                raise
+            raise ValueError(
+                f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
+                f"does not fit in memory on {self.device}: {str(err).splitlines()[0][:160]}"
+            ) from None
         self.optimizer = torch.optim.Adam(
             self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
         )
