@@ -6,20 +6,33 @@ expected and the actual shape or dtype. None of them broadcasts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 from tensordict import NestedKey, TensorDictBase
 
 __all__ = [
     "check_balance",
+    "check_device",
     "check_dtype",
     "check_finite",
     "check_floating",
+    "check_generator",
+    "check_key_list",
+    "check_not_meta",
+    "check_not_padded",
     "check_sequence_length",
     "check_shape",
+    "check_tensors",
+    "check_time_dim",
     "check_unit_interval",
+    "check_values",
+    "done_consistent",
     "get_key",
+    "implies",
+    "none_true",
     "rollout_shape",
 ]
 
@@ -51,6 +64,13 @@ def rollout_shape(td: TensorDictBase, who: str) -> tuple[int, int]:
     return int(w), int(t)
 
 
+def check_tensors(named: dict[str, object]) -> None:
+    """Raises a ``TypeError`` naming the first argument that is not a ``torch.Tensor``."""
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+
+
 def check_shape(name: NestedKey | str, x: torch.Tensor, expected: Sequence[int]) -> None:
     """Raises a ``ValueError`` unless ``x.shape == expected`` exactly (no broadcasting)."""
     if tuple(x.shape) != tuple(expected):
@@ -74,24 +94,191 @@ def check_finite(named: dict[NestedKey, torch.Tensor]) -> None:
 
     One device synchronisation for all tensors together.
     """
-    if not named:
-        return
-    # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums read each
-    # tensor once; only then does the per-tensor check run, to name the culprits (it also
-    # clears float64 inputs whose finite values overflowed the sum).
-    total = torch.stack([x.sum(dtype=torch.float64) for x in named.values()]).sum()
-    if bool(torch.isfinite(total)):
-        return
-    flags = torch.stack([torch.isfinite(x).all() for x in named.values()]).tolist()
-    bad = [_name(name) for name, ok in zip(named, flags, strict=True) if not ok]
-    if bad:
-        raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
+    check_values(named)
 
 
-def check_unit_interval(name: str, value: float) -> None:
-    """Raises a ``ValueError`` unless ``0 <= value <= 1`` (``gamma``, ``lmbda``)."""
+def check_values(
+    finite: dict[NestedKey, torch.Tensor],
+    require: Iterable[tuple[torch.Tensor, str | Callable[[], str]]] = (),
+) -> None:
+    """The data-dependent entry checks of one call, read with one device synchronisation.
+
+    Raises a ``ValueError`` naming every tensor of ``finite`` that holds a NaN or an infinity,
+    else the message of the first ``require`` condition (a 0-dim bool tensor) that is False.
+    Only a failing check reads more (to say which tensor, or where).
+
+    Args:
+        finite: floating-point tensors that must be finite, by name.
+        require: ``(condition, message)`` pairs; a callable message is called only on failure
+            (it may read more values to say where).
+    """
+    require = list(require)
+    check_not_meta(finite)
+    conditions = [condition for condition, _ in require]
+    if any(condition.is_meta for condition in conditions):
+        raise ValueError("meta tensors (shape only) hold no values to check")
+    ok = None
+    if conditions:
+        ok = conditions[0] if len(conditions) == 1 else torch.stack(conditions).all()
+    if finite:
+        # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums read
+        # each tensor once; a failed condition makes it NaN too, so one read covers all. Only
+        # then does the per-tensor check run, to name the culprits (it also clears float64
+        # inputs whose finite values overflowed the sum).
+        sums = [x.sum(dtype=torch.float64) for x in finite.values()]
+        total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+        if ok is not None:
+            total = torch.where(ok, total, math.nan)
+        if math.isfinite(total.item()):
+            return
+        flags = torch.stack([torch.isfinite(x).all() for x in finite.values()]).tolist()
+        bad = [_name(name) for name, good in zip(finite, flags, strict=True) if not good]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
+    elif ok is None or bool(ok):
+        return
+    for condition, message in require:
+        if not bool(condition):
+            raise ValueError(message if isinstance(message, str) else message())
+
+
+def none_true(flags: torch.Tensor) -> torch.Tensor:
+    """0-dim bool, True when no element of bool ``flags`` is True (also when it is empty).
+
+    A max over the bytes: on the CPU several times faster than ``Tensor.any()`` on bools.
+    """
+    if flags.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=flags.device)
+    return flags.view(torch.uint8).max() == 0
+
+
+def implies(
+    name_a: NestedKey, a: torch.Tensor, name_b: NestedKey, b: torch.Tensor
+) -> tuple[torch.Tensor, Callable[[], str]]:
+    """A ``check_values`` condition: bool ``a`` is True only where bool ``b`` is (same shape)."""
+
+    def message() -> str:
+        where = (a & ~b).nonzero()
+        count = where.shape[0]
+        return (
+            f"{_name(name_a)} is True where {_name(name_b)} is False (at {count} "
+            f"step{'' if count == 1 else 's'}, the first at index {where[0].tolist()}); "
+            f"{_name(name_a)} must imply {_name(name_b)}"
+        )
+
+    # bool a > b is a & ~b in one pass
+    return none_true(a > b), message
+
+
+def done_consistent(
+    done: tuple[NestedKey, torch.Tensor],
+    terminated: tuple[NestedKey, torch.Tensor] | None,
+    truncated: tuple[NestedKey, torch.Tensor] | None,
+) -> list[tuple[torch.Tensor, Callable[[], str]]]:
+    """``check_values`` conditions: ``done`` is ``terminated | truncated``.
+
+    With both flags present ``done`` must equal their union (one pass over the flags); with
+    one of them, that flag must imply ``done`` (``done`` may hold the other kind of end).
+    """
+    present = [flag for flag in (terminated, truncated) if flag is not None]
+    if len(present) < 2:
+        return [implies(*flag, *done) for flag in present]
+    (done_name, done_value), (term_name, term), (trunc_name, trunc) = done, *present
+    either = term | trunc
+
+    def message() -> str:
+        for name, flag in ((term_name, term), (trunc_name, trunc)):
+            if bool((flag > done_value).any()):
+                return implies(name, flag, done_name, done_value)[1]()
+        where = (done_value > either).nonzero()
+        count = where.shape[0]
+        return (
+            f"{_name(done_name)} is True where neither {_name(term_name)} nor "
+            f"{_name(trunc_name)} is (at {count} step{'' if count == 1 else 's'}, the first at "
+            f"index {where[0].tolist()}); {_name(done_name)} must be {_name(term_name)} | "
+            f"{_name(trunc_name)}"
+        )
+
+    return [(none_true(done_value != either), message)]
+
+
+def check_not_meta(named: dict[NestedKey, torch.Tensor]) -> None:
+    """Raises a ``ValueError`` naming the first meta tensor (shapes only, no data to read)."""
+    for name, x in named.items():
+        if x.is_meta:
+            raise ValueError(
+                f"{_name(name)} is a meta tensor (shape only, no data), but its values are needed"
+            )
+
+
+def check_device(named: dict[NestedKey, torch.Tensor]) -> None:
+    """Raises a ``ValueError`` unless every tensor is on the device of the first."""
+    items = iter(named.items())
+    first_name, first = next(items)
+    for name, x in items:
+        if x.device != first.device:
+            raise ValueError(
+                f"{_name(name)} is on {x.device}, but {_name(first_name)} is on {first.device}; "
+                "all must be on one device"
+            )
+
+
+def check_unit_interval(name: str, value: object) -> None:
+    """Raises a ``ValueError`` unless ``value`` is a real number with ``0 <= value <= 1``.
+
+    ``gamma``, ``lmbda``, a decay. A bool, a str or a tensor is refused, and so is NaN.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"{name} must be a real number in [0, 1], got {value!r} ({type(value).__name__})"
+        )
     if not 0.0 <= float(value) <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def check_time_dim(time_dim: object, ndim: int, *, last_allowed: bool = True) -> int:
+    """Returns ``time_dim`` as an index in ``[0, ndim)`` or raises a ``ValueError``.
+
+    With ``last_allowed=False`` the last dim (GAE's trailing 1) is refused too.
+    """
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        raise ValueError(f"time_dim must be an int, got {time_dim!r}")
+    high = ndim if last_allowed else ndim - 1
+    dim = time_dim + ndim if time_dim < 0 else time_dim
+    if not 0 <= dim < high:
+        what = "dims" if last_allowed else "dims (the last, a trailing 1, is a feature dim)"
+        raise ValueError(
+            f"time_dim={time_dim} is out of range for {ndim} {what}: allowed are "
+            f"{-ndim} to {high - 1}" + ("" if last_allowed else f" except {-1} and {ndim - 1}")
+        )
+    return dim
+
+
+def check_not_padded(td: TensorDictBase, loss_mask: NestedKey, who: str) -> None:
+    """Raises a ``ValueError`` if ``td`` holds ``loss_mask``: it is padded sequences already."""
+    if td.get(loss_mask, None) is not None:
+        raise ValueError(
+            f"{who} got a tensordict that already holds {_name(loss_mask)}: it is padded "
+            f"already ([N, Lp] sequences); {who} works on [W, T] rollouts"
+        )
+
+
+def check_generator(generator: object) -> None:
+    """Raises a ``TypeError`` unless ``generator`` is a ``torch.Generator`` or None."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
+
+
+def check_key_list(name: str, keys: object) -> list[NestedKey]:
+    """``list(keys)`` for a sequence of keys; a single str is refused (it would iterate chars)."""
+    if isinstance(keys, str) or not isinstance(keys, Iterable):
+        raise TypeError(
+            f"{name} must be a sequence of keys, e.g. [{keys!r}], got the "
+            f"{type(keys).__name__} {keys!r}"
+        )
+    return list(keys)
 
 
 def check_sequence_length(value: object) -> None:

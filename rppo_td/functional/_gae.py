@@ -12,11 +12,16 @@ import torch
 from tensordict import NestedKey
 
 from rppo_td._validation import (
+    check_device,
     check_dtype,
-    check_finite,
     check_floating,
+    check_not_meta,
     check_shape,
+    check_tensors,
+    check_time_dim,
     check_unit_interval,
+    check_values,
+    done_consistent,
 )
 
 __all__ = ["discounted_segment_sum", "generalized_advantage_estimate"]
@@ -51,14 +56,24 @@ def discounted_segment_sum(
     then the block totals, a segment sum with ``decay**16``, are chained by the method above
     and added back. Both paths compute the same float64 sums.
 
+    Gradients flow to ``x`` (the sum is linear in it). ``x`` must be finite: the blocked sums
+    would spread a NaN or an infinity into neighbouring segments, where the recursion would
+    not, so one is refused (one device synchronisation). Empty inputs give empty outputs.
+
     Args:
-        x: ``[*B, T, *F]`` float (with ``time_dim`` pointing at ``T``).
-        carry_on: same shape as ``x``, bool. False cuts the sum after that step.
-        decay: the discount per step, in ``[0, 1]``.
-        time_dim: the time dimension of ``x``.
+        x: ``[*B, T, *F]`` float (with ``time_dim`` pointing at ``T``), finite.
+        carry_on: ``[*B, T, *F]`` bool, the shape of ``x`` exactly (no broadcasting). False
+            cuts the sum after that step.
+        decay: the discount per step, a real number in ``[0, 1]``.
+        time_dim: the time dimension of ``x``, in ``[-x.ndim, x.ndim)``.
 
     Returns:
         ``[*B, T, *F]``, the dtype of ``x``.
+
+    Raises:
+        ValueError: a non-float ``x``, a non-bool or differently shaped ``carry_on``, a
+            ``decay`` outside ``[0, 1]`` (or NaN, or not a number), ``time_dim`` out of range,
+            NaN or inf in ``x``, meta tensors, or inputs on two devices.
 
     Example:
         >>> x = torch.ones(1, 4, 1)
@@ -66,9 +81,24 @@ def discounted_segment_sum(
         >>> discounted_segment_sum(x, carry_on, 0.5).squeeze(-1)
         tensor([[1.5000, 1.0000, 1.5000, 1.0000]])
     """
+    check_tensors({"x": x, "carry_on": carry_on})
+    check_floating("x", x)
+    check_dtype("carry_on", carry_on, torch.bool)
+    check_shape("carry_on", carry_on, x.shape)
+    check_device({"x": x, "carry_on": carry_on})
+    check_unit_interval("decay", decay)
+    dim = check_time_dim(time_dim, x.ndim)
+    check_not_meta({"x": x, "carry_on": carry_on})
+    check_values({"x": x})
+    return segment_sum_unchecked(x, carry_on, float(decay), dim)
+
+
+def segment_sum_unchecked(
+    x: torch.Tensor, carry_on: torch.Tensor, decay: float, dim: int
+) -> torch.Tensor:
+    """``discounted_segment_sum`` without the entry checks; ``dim`` in ``[0, x.ndim)``."""
     if decay == 0.0 or x.numel() == 0:
         return x.clone()
-    dim = time_dim % x.ndim
     steps = x.shape[dim]
     # Time last, every other dim flattened into rows, time reversed: [R, T]. In reversed time
     # s = T - 1 - t the sums run forward, so one cumsum gives every tail R[t] and one cummax
@@ -189,18 +219,29 @@ def generalized_advantage_estimate(
     A truncated step (``done`` but not ``terminated``) bootstraps from ``next_state_value``
     and stops the sum; so does the rollout's last step. A terminated step does not bootstrap.
 
+    The outputs are targets: they never carry gradients, even when the inputs require them
+    (the inputs are read detached). The entry checks read the data once, with one device
+    synchronisation: values must be finite and ``terminated`` must imply ``done`` (a
+    terminated step that is not done would neither bootstrap nor stop the sum). Empty inputs
+    (``W = 0`` or ``T = 0``) give empty outputs.
+
     Args:
         reward: ``[*B, T, 1]`` float.
         state_value: ``[*B, T, 1]`` float, ``V(o_t)``.
         next_state_value: ``[*B, T, 1]`` float, ``V(o_{t+1})`` (the pre-reset observation).
-        terminated: ``[*B, T, 1]`` bool.
+        terminated: ``[*B, T, 1]`` bool, True only where ``done`` is.
         done: ``[*B, T, 1]`` bool, ``terminated | truncated``.
-        gamma: discount in ``[0, 1]``.
-        lmbda: GAE lambda in ``[0, 1]``.
-        time_dim: the time dimension.
+        gamma: discount, a real number in ``[0, 1]``.
+        lmbda: GAE lambda, a real number in ``[0, 1]``.
+        time_dim: the time dimension, any but the trailing 1 (``-2`` for ``[*B, T, 1]``).
 
     Returns:
-        ``(advantage, value_target)``, each ``[*B, T, 1]`` in ``state_value``'s dtype.
+        ``(advantage, value_target)``, each ``[*B, T, 1]`` in ``state_value``'s dtype, detached.
+
+    Raises:
+        ValueError: a wrong shape or dtype, NaN or inf, ``terminated`` without ``done``,
+            ``gamma`` or ``lmbda`` outside ``[0, 1]``, ``time_dim`` out of range, meta tensors,
+            or inputs on two devices; the message names the argument.
 
     Example:
         >>> import torch
@@ -213,7 +254,16 @@ def generalized_advantage_estimate(
         tensor([[3., 2., 1.],
                 [3., 2., 1.]])
     """
-    check_gae_inputs(
+    check_tensors(
+        {
+            "reward": reward,
+            "state_value": state_value,
+            "next_state_value": next_state_value,
+            "terminated": terminated,
+            "done": done,
+        }
+    )
+    dim = check_gae_inputs(
         {
             "reward": reward,
             "state_value": state_value,
@@ -223,6 +273,7 @@ def generalized_advantage_estimate(
         },
         gamma=gamma,
         lmbda=lmbda,
+        time_dim=time_dim,
     )
     return gae_unchecked(
         reward,
@@ -232,14 +283,24 @@ def generalized_advantage_estimate(
         done,
         gamma=gamma,
         lmbda=lmbda,
-        time_dim=time_dim,
+        time_dim=dim,
     )
 
 
-def check_gae_inputs(named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbda: float) -> None:
+def check_gae_inputs(
+    named: dict[NestedKey, torch.Tensor],
+    *,
+    gamma: float,
+    lmbda: float,
+    truncated: tuple[NestedKey, torch.Tensor] | None = None,
+    time_dim: int = -2,
+) -> int:
     """Checks GAE inputs given in the order reward, value, next value, terminated, done.
 
-    The names are what error messages call them (keys, in the transform).
+    The names are what error messages call them (keys, in the transform). ``terminated`` must
+    imply ``done``; with ``truncated`` given, ``done`` must be ``terminated | truncated``. One
+    device synchronisation. Returns ``time_dim`` as an
+    index in ``[0, ndim - 1)``.
     """
     check_unit_interval("gamma", gamma)
     check_unit_interval("lmbda", lmbda)
@@ -250,13 +311,25 @@ def check_gae_inputs(named: dict[NestedKey, torch.Tensor], *, gamma: float, lmbd
         raise ValueError(
             f"{r_name!r} must have shape [*B, T, 1] (a trailing 1), got {list(reward.shape)}"
         )
-    for name, x in rest:
-        check_shape(name, x, reward.shape)
+    dim = check_time_dim(time_dim, reward.ndim, last_allowed=False)
+    flags = items[3:]
+    if truncated is not None:
+        flags.append(truncated)
+    for name, x in [*rest, *flags[2:]]:
+        if x.shape != reward.shape:
+            raise ValueError(
+                f"{name!r} must have shape {list(reward.shape)}, got {list(x.shape)}: every GAE "
+                f"input has the shape of {r_name!r}"
+            )
     for name, x in items[1:3]:
         check_floating(name, x)
-    for name, x in items[3:]:
+    for name, x in flags:
         check_dtype(name, x, torch.bool)
-    check_finite(dict(items[:3]))
+    every = dict([*items, *flags])
+    check_device(every)
+    check_not_meta(every)
+    check_values(dict(items[:3]), done_consistent(items[4], items[3], truncated))
+    return dim
 
 
 def gae_unchecked(
@@ -270,9 +343,13 @@ def gae_unchecked(
     lmbda: float,
     time_dim: int = -2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`generalized_advantage_estimate` without the entry checks (inputs already checked)."""
+    """`generalized_advantage_estimate` without the entry checks (inputs already checked).
+
+    ``time_dim`` is a checked index. Inputs are read detached: the outputs are targets.
+    """
+    state_value = state_value.detach()
     dtype = state_value.dtype
-    bootstrap = next_state_value.to(dtype).masked_fill(terminated, 0.0)
-    delta = torch.add(reward.to(dtype), bootstrap, alpha=gamma).sub_(state_value)
-    advantage = discounted_segment_sum(delta, ~done, float(gamma * lmbda), time_dim=time_dim)
+    bootstrap = next_state_value.detach().to(dtype).masked_fill(terminated, 0.0)
+    delta = torch.add(reward.detach().to(dtype), bootstrap, alpha=gamma).sub_(state_value)
+    advantage = segment_sum_unchecked(delta, ~done, float(gamma * lmbda), time_dim % delta.ndim)
     return advantage, advantage + state_value

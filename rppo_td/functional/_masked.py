@@ -2,28 +2,40 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
+
+from rppo_td._validation import check_tensors
 
 __all__ = ["masked_mean", "masked_normalize"]
 
 
 def _expand_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    check_tensors({"x": x, "mask": mask})
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
+    if mask.device != x.device:
+        raise ValueError(f"mask is on {mask.device}, but x is on {x.device}")
     if x.shape[: mask.ndim] != mask.shape:
         raise ValueError(
             f"mask of shape {list(mask.shape)} must match the leading dims of x, "
             f"got x of shape {list(x.shape)}"
         )
-    if mask.dtype != torch.bool:
-        raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
     return mask.view(*mask.shape, *([1] * (x.ndim - mask.ndim))).expand_as(x)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the positions where ``mask`` is True.
 
+    An all-False mask gives NaN, as ``torch.mean`` of an empty tensor does (not 0, which would
+    pass for a mean); nothing is synchronised to check it, so the NaN shows in the loss.
+
     Args:
         x: ``[N, Lp, *F]`` float.
-        mask: ``[N, Lp]`` bool (``loss_mask``); at least one True.
+        mask: ``[N, Lp]`` bool (``loss_mask``), or the leading dims of ``x`` exactly
+            (it then covers the trailing dims).
 
     Returns:
         A scalar tensor.
@@ -33,19 +45,22 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         tensor(2.)
     """
     full = _expand_mask(x, mask)
-    return torch.where(full, x, 0.0).sum() / full.sum().clamp(min=1)
+    return torch.where(full, x, 0.0).sum() / full.sum()
 
 
 def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """Standardises ``x`` with the mean and standard deviation of its real steps.
 
     Padding positions are returned as zero. Normalising over padded zeros would bias both
-    statistics towards zero, the more so the more padding a batch holds.
+    statistics towards zero, the more so the more padding a batch holds. An all-False mask
+    leaves nothing to normalise: every position is padding, so the result is all zero. With
+    ``eps = 0`` real steps that are all equal give NaN (0 / 0).
 
     Args:
         x: ``[N, Lp, *F]`` float, e.g. ``advantage`` ``[N, Lp, 1]``.
-        mask: ``[N, Lp]`` bool.
-        eps: added to the standard deviation.
+        mask: ``[N, Lp]`` bool, or the leading dims of ``x`` exactly
+            (it then covers the trailing dims).
+        eps: added to the standard deviation, a finite real number ``>= 0``.
 
     Returns:
         ``[N, Lp, *F]`` float.
@@ -55,6 +70,8 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
         >>> masked_normalize(x, torch.tensor([[True, True, False]]))
         tensor([[-1.,  1.,  0.]])
     """
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     full = _expand_mask(x, mask)
     count = full.sum().clamp(min=1)
     mean = torch.where(full, x, 0.0).sum() / count

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from rppo_td._validation import check_dtype, check_not_meta, check_tensors, check_values
+
 __all__ = ["pad_sequences", "padding_positions", "unpad_sequences"]
 
 
@@ -22,6 +24,11 @@ def padding_positions(loss_mask: torch.Tensor) -> torch.Tensor:
         >>> padding_positions(torch.tensor([[True, True], [True, False]]))
         tensor([3])
     """
+    check_tensors({"loss_mask": loss_mask})
+    if loss_mask.ndim != 2:
+        raise ValueError(f"loss_mask must have shape [N, Lp], got {list(loss_mask.shape)}")
+    check_dtype("loss_mask", loss_mask, torch.bool)
+    check_not_meta({"loss_mask": loss_mask})
     return (~loss_mask).flatten().nonzero().squeeze(1)
 
 
@@ -47,6 +54,11 @@ def pad_sequences(
     Returns:
         ``[B, Lp, *F]``, the dtype of ``x``; zero where padded.
 
+    Raises:
+        ValueError: ``batch_dims`` not in ``[1, x.ndim]``, an index that is not int64 of the
+            stated shape, an index out of range (checked with one device synchronisation),
+            meta tensors, or tensors on two devices.
+
     Example:
         >>> from rppo_td.functional import chunk_episodes, sequence_layout
         >>> sid, off = chunk_episodes(torch.tensor([[True, False, True]]), None)
@@ -55,7 +67,46 @@ def pad_sequences(
         tensor([[1, 2],
                 [3, 0]])
     """
+    check_tensors({"x": x, "flat_index": flat_index, "pad_positions": pad_positions})
+    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int):
+        raise ValueError(f"batch_dims must be an int, got {batch_dims!r}")
+    if not 1 <= batch_dims <= x.ndim:
+        raise ValueError(
+            f"batch_dims must be in [1, x.ndim = {x.ndim}] for x of shape {list(x.shape)}, "
+            f"got {batch_dims}"
+        )
+    if flat_index.ndim != 2:
+        raise ValueError(f"flat_index must have shape [B, Lp], got {list(flat_index.shape)}")
+    if pad_positions.ndim != 1:
+        raise ValueError(f"pad_positions must have shape [P], got {list(pad_positions.shape)}")
+    named = {"x": x, "flat_index": flat_index, "pad_positions": pad_positions}
+    check_dtype("flat_index", flat_index, torch.int64)
+    check_dtype("pad_positions", pad_positions, torch.int64)
+    _same_device(named)
+    check_not_meta(named)
+    steps = math.prod(x.shape[:batch_dims])
+    check_values(
+        {},
+        [
+            _in_range("flat_index", flat_index, steps, "steps of x"),
+            _in_range("pad_positions", pad_positions, flat_index.numel(), "positions of [B, Lp]"),
+        ],
+    )
     return pad_rows(x, flat_index.flatten(), pad_positions, flat_index.shape, batch_dims)
+
+
+def _same_device(named: dict[str, torch.Tensor]) -> None:
+    devices = {name: x.device for name, x in named.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"inputs must be on one device, got {devices}")
+
+
+def _in_range(name: str, index: torch.Tensor, size: int, what: str) -> tuple[torch.Tensor, str]:
+    """A ``check_values`` condition: every entry of ``index`` in ``[0, size)``."""
+    if index.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=index.device), ""
+    ok = (index.min() >= 0) & (index.max() < size)
+    return ok, f"{name} must hold indices in [0, {size}) (the {size} {what})"
 
 
 def pad_rows(
@@ -73,19 +124,23 @@ def pad_rows(
     written in place (no allocation).
     """
     feature = x.shape[batch_dims:]
+    count = math.prod(x.shape[:batch_dims])
     # one row per step with the features flattened (1-D for a single feature): index_select
-    # takes its cheapest path on 1-D and 2-D contiguous tensors
+    # takes its cheapest path on 1-D and 2-D contiguous tensors. Sizes are spelled out: -1 is
+    # ambiguous for zero-width features ([W, T, 0]).
     width = math.prod(feature)
     if width == 1:
-        steps = x.reshape(-1)
+        steps = x.reshape(count)
     elif width > 1:
-        steps = x.reshape(-1, width)
+        steps = x.reshape(count, width)
     else:
-        steps = x.reshape(-1, *feature)
+        steps = x.reshape(count, *feature)
     if out is None:
         rows = steps.index_select(0, flat_index)
     else:
-        rows = torch.index_select(steps, 0, flat_index, out=out.view(-1, *steps.shape[1:]))
+        rows = torch.index_select(
+            steps, 0, flat_index, out=out.view(flat_index.numel(), *steps.shape[1:])
+        )
     if pad_positions.numel():
         rows.index_fill_(0, pad_positions, 0)
     return rows.view(*shape, *feature)
@@ -104,10 +159,16 @@ def unpad_sequences(
         flat_destination: ``[R]`` int64, the flat rollout position (``w * T + t``) of each real
             step, in the order of ``real_positions``.
         real_positions: ``[R]`` int64, flat positions of the real steps in ``N * Lp``.
-        num_steps: ``W * T``; must equal ``R`` for an exact inverse.
+        num_steps: ``W * T``; must equal ``R``, and ``flat_destination`` must hold every
+            position in ``[0, W * T)`` once, so that every output row is written.
 
     Returns:
         ``[W * T, *F]``, the dtype of ``padded``.
+
+    Raises:
+        ValueError: ``num_steps`` other than ``R``, a destination missing, repeated or out of
+            range, a real position out of range (the values checked with one device
+            synchronisation), a wrong shape or dtype, meta tensors, tensors on two devices.
 
     Example:
         >>> from rppo_td.functional import chunk_episodes, sequence_layout
@@ -118,7 +179,66 @@ def unpad_sequences(
         >>> unpad_sequences(padded, idx.flatten()[real], real, 3)
         tensor([1, 2, 3])
     """
+    check_tensors(
+        {
+            "padded": padded,
+            "flat_destination": flat_destination,
+            "real_positions": real_positions,
+        }
+    )
+    if padded.ndim < 2:
+        raise ValueError(f"padded must have shape [N, Lp, *F], got {list(padded.shape)}")
+    for name, index in (("flat_destination", flat_destination), ("real_positions", real_positions)):
+        if index.ndim != 1:
+            raise ValueError(f"{name} must have shape [R], got {list(index.shape)}")
+        check_dtype(name, index, torch.int64)
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
+        raise ValueError(f"num_steps must be an int, got {num_steps!r}")
+    if not num_steps == flat_destination.numel() == real_positions.numel():
+        raise ValueError(
+            f"num_steps ({num_steps}), flat_destination ({flat_destination.numel()}) and "
+            f"real_positions ({real_positions.numel()}) must count the same real steps: every "
+            "rollout step comes from exactly one padded position"
+        )
+    named = {
+        "padded": padded,
+        "flat_destination": flat_destination,
+        "real_positions": real_positions,
+    }
+    _same_device(named)
+    check_not_meta(named)
+    if num_steps:
+        hits = torch.zeros(num_steps, dtype=torch.int64, device=flat_destination.device)
+        in_range = (flat_destination.min() >= 0) & (flat_destination.max() < num_steps)
+        # clamped so that an out-of-range index is reported, not raised by index_add_
+        hits.index_add_(0, flat_destination.clamp(0, num_steps - 1), torch.ones_like(hits))
+        check_values(
+            {},
+            [
+                (
+                    in_range & (hits == 1).all(),
+                    f"flat_destination must hold every position in [0, {num_steps}) exactly once",
+                ),
+                _in_range(
+                    "real_positions",
+                    real_positions,
+                    padded.shape[0] * padded.shape[1],
+                    "positions of [N, Lp]",
+                ),
+            ],
+        )
+    return unpad_rows(padded, flat_destination, real_positions, num_steps)
+
+
+def unpad_rows(
+    padded: torch.Tensor,
+    flat_destination: torch.Tensor,
+    real_positions: torch.Tensor,
+    num_steps: int,
+) -> torch.Tensor:
+    """``unpad_sequences`` without the entry checks (``SequencePadder.inv`` checks once)."""
     feature = padded.shape[2:]
-    real = padded.reshape(-1, *feature).index_select(0, real_positions)
+    rows = padded.shape[0] * padded.shape[1]
+    real = padded.reshape(rows, *feature).index_select(0, real_positions)
     out = real.new_empty((num_steps, *feature))
     return out.index_copy_(0, flat_destination, real)

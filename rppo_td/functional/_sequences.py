@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from rppo_td._validation import check_dtype, check_sequence_length
+from rppo_td._validation import (
+    check_dtype,
+    check_not_meta,
+    check_sequence_length,
+    check_tensors,
+    check_values,
+)
 
 __all__ = [
     "chunk_episodes",
@@ -30,18 +36,19 @@ def episode_starts(done: torch.Tensor, is_init: torch.Tensor | None = None) -> t
         is_init: optional ``[W, T]`` bool.
 
     Returns:
-        ``[W, T]`` bool.
+        ``[W, T]`` bool; empty for an empty rollout.
 
     Example:
         >>> done = torch.tensor([[False, True, False, False]])
         >>> episode_starts(done)
         tensor([[ True, False,  True, False]])
     """
+    check_tensors({"done": done} if is_init is None else {"done": done, "is_init": is_init})
     if done.ndim != 2:
         raise ValueError(f"done must have shape [W, T], got {list(done.shape)}")
     check_dtype("done", done, torch.bool)
     start = torch.empty_like(done)
-    start[:, 0] = True
+    start[:, :1] = True  # a slice: nothing to set when T = 0
     start[:, 1:] = done[:, :-1]
     if is_init is not None:
         if is_init.shape != done.shape:
@@ -49,24 +56,56 @@ def episode_starts(done: torch.Tensor, is_init: torch.Tensor | None = None) -> t
                 f"is_init must have shape {list(done.shape)} like done, got {list(is_init.shape)}"
             )
         check_dtype("is_init", is_init, torch.bool)
+        if is_init.device != done.device:
+            raise ValueError(f"is_init is on {is_init.device}, but done is on {done.device}")
         start |= is_init
     return start
+
+
+def check_start(start: torch.Tensor) -> None:
+    """Raises a ``ValueError`` unless ``start`` is ``[W, T]`` bool with column 0 all True.
+
+    One device synchronisation (none for an empty rollout).
+    """
+    check_tensors({"start": start})
+    if start.ndim != 2:
+        raise ValueError(f"start must have shape [W, T], got {list(start.shape)}")
+    check_dtype("start", start, torch.bool)
+    check_not_meta({"start": start})
+    if start.numel():
+        check_values(
+            {},
+            [
+                (
+                    start[:, 0].all(),
+                    "start[:, 0] must be all True: every worker row starts an episode fragment "
+                    "(episode_starts sets it), so no id spans two workers",
+                )
+            ],
+        )
 
 
 def episode_ids(start: torch.Tensor) -> torch.Tensor:
     """Numbers episode fragments ``0, 1, ...`` in row-major order.
 
     Args:
-        start: ``[W, T]`` bool, True at each fragment's first step (``episode_starts``).
+        start: ``[W, T]`` bool, True at each fragment's first step (``episode_starts``); column
+            0 must be all True (checked, one device synchronisation).
 
     Returns:
-        ``[W, T]`` int64.
+        ``[W, T]`` int64; empty for an empty rollout.
 
     Example:
         >>> episode_ids(torch.tensor([[True, False, True], [True, True, False]]))
         tensor([[0, 0, 1],
                 [2, 3, 3]])
     """
+    check_start(start)
+    return episode_ids_unchecked(start)
+
+
+def episode_ids_unchecked(start: torch.Tensor) -> torch.Tensor:
+    """``episode_ids`` of a ``start`` known to be valid (``episode_starts``' output)."""
     return (start.flatten().cumsum(0) - 1).view(start.shape)
 
 
@@ -80,12 +119,13 @@ def chunk_episodes(
     ``sequence_length``.
 
     Args:
-        start: ``[W, T]`` bool, True at each fragment's first step. Column 0 must be True.
+        start: ``[W, T]`` bool, True at each fragment's first step. Column 0 must be all True
+            (checked, one device synchronisation).
         sequence_length: ``L >= 1``, or None for whole fragments.
 
     Returns:
         ``(sequence_id, sequence_offset)``, each ``[W, T]`` int64: the row-major sequence number
-        and the step's position in its sequence.
+        and the step's position in its sequence; empty for an empty rollout.
 
     Example:
         >>> start = torch.tensor([[True, False, False, True, False]])
@@ -93,6 +133,14 @@ def chunk_episodes(
         (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
     """
     check_sequence_length(sequence_length)
+    check_start(start)
+    return chunk_episodes_unchecked(start, sequence_length)
+
+
+def chunk_episodes_unchecked(
+    start: torch.Tensor, sequence_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk_episodes`` of a ``start`` known to be valid (``SequenceChunker`` builds it)."""
     flat = start.flatten()
     arange = torch.arange(flat.numel(), device=flat.device)
     fragment_first = torch.where(flat, arange, 0).cummax(0).values
@@ -121,7 +169,8 @@ def sequence_layout(
 
     Returns:
         ``(flat_index, loss_mask)``, each ``[N, Lp]``: int64 positions in the flattened rollout
-        (0 on padding) and bool, True on real steps (a True prefix per row).
+        (0 on padding) and bool, True on real steps (a True prefix per row). An empty rollout
+        gives ``[0, 0]``.
 
     Example:
         >>> sid, off = chunk_episodes(torch.tensor([[True, False, False, True]]), 2)
@@ -135,6 +184,7 @@ def sequence_layout(
                 [ True, False],
                 [ True, False]])
     """
+    check_tensors({"sequence_id": sequence_id, "sequence_offset": sequence_offset})
     if sequence_id.shape != sequence_offset.shape or sequence_id.ndim != 2:
         raise ValueError(
             "sequence_id and sequence_offset must both have shape [W, T], got "
@@ -142,6 +192,15 @@ def sequence_layout(
         )
     check_dtype("sequence_id", sequence_id, torch.int64)
     check_dtype("sequence_offset", sequence_offset, torch.int64)
+    if sequence_id.device != sequence_offset.device:
+        raise ValueError(
+            f"sequence_offset is on {sequence_offset.device}, but sequence_id is on "
+            f"{sequence_id.device}"
+        )
+    check_not_meta({"sequence_id": sequence_id, "sequence_offset": sequence_offset})
+    if sequence_id.numel() == 0:
+        empty = torch.zeros((0, 0), dtype=torch.int64, device=sequence_id.device)
+        return empty, empty.bool()
     consistent = _ids_consistent(sequence_id, sequence_offset)
     num_sequences, padded_length, ok = torch.stack(
         [sequence_id[-1, -1] + 1, sequence_offset.max() + 1, consistent]

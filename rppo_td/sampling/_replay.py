@@ -11,8 +11,8 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td.functional._minibatch import balanced_minibatches
-from rppo_td.sampling._sampler import Balance, check_minibatch_args
+from rppo_td.functional._minibatch import plan_minibatches
+from rppo_td.sampling._sampler import Balance, check_minibatch_args, mask_conditions
 
 __all__ = ["SequenceReplaySampler"]
 
@@ -25,7 +25,11 @@ class SequenceReplaySampler(Sampler):
     by real steps (``loss_mask``) or by count, as ``SequenceSampler`` does; each ``sample()``
     returns the next group, so the ``batch_size`` that ``ReplayBuffer.sample`` requires is
     ignored. After the last
-    group ``ran_out`` is True and the next ``sample()`` starts a new epoch.
+    group ``ran_out`` is True and the next ``sample()`` starts a new epoch; iterating the buffer
+    (``for mb in rb``, with a ``batch_size``) yields one epoch.
+
+    The stored ``loss_mask`` must hold a True prefix of at least one real step in every row
+    (checked in the sync that plans each epoch); else a ``ValueError`` names the key.
 
     Args:
         num_minibatches: ``M >= 1`` groups per epoch.
@@ -54,7 +58,7 @@ class SequenceReplaySampler(Sampler):
         balance: Balance = "steps",
         keys: RolloutKeys | None = None,
     ) -> None:
-        check_minibatch_args(num_minibatches, balance)
+        check_minibatch_args(num_minibatches, balance, generator)
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance
@@ -88,15 +92,31 @@ class SequenceReplaySampler(Sampler):
                 f"{list(mask.shape)} {mask.dtype}"
             )
         generator = self.generator if self.generator is not None else self._rng
-        groups = balanced_minibatches(
-            mask.sum(-1), self.num_minibatches, generator=generator, balance=self.balance
+        lengths = mask.sum(-1)
+        groups = plan_minibatches(
+            lengths,
+            self.num_minibatches,
+            generator=generator,
+            balance=self.balance,
+            require=mask_conditions(self.keys.loss_mask, lengths, mask),
         )
         return [g.cpu() for g in groups]
 
     @property
     def ran_out(self) -> bool:
-        """True once every group of the current epoch has been returned."""
+        """True once every group of the current epoch has been returned.
+
+        ``ReplayBuffer.__iter__`` sets it to False to start an epoch: the next ``sample()``
+        then draws a new one. Setting it to True ends the current epoch.
+        """
         return bool(self._plan) and self._next >= len(self._plan)
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        if value:
+            self._next = len(self._plan)
+        else:
+            self._empty()
 
     def _empty(self) -> None:
         self._plan = []

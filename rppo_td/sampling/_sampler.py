@@ -9,22 +9,55 @@ import torch
 from tensordict import TensorDictBase
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._validation import check_balance, check_dtype, check_shape, get_key
-from rppo_td.functional._minibatch import balanced_minibatches
-from rppo_td.transforms._layout import SequenceLayout
+from rppo_td._validation import (
+    check_balance,
+    check_dtype,
+    check_generator,
+    check_not_meta,
+    check_shape,
+    get_key,
+    none_true,
+)
+from rppo_td.functional._minibatch import plan_minibatches
+from rppo_td.transforms._layout import SequenceLayout, gather_sequences
 
 __all__ = ["SequenceSampler"]
 
 Balance = Literal["steps", "sequences"]
 
 
-def check_minibatch_args(num_minibatches: int, balance: str) -> None:
+def check_minibatch_args(
+    num_minibatches: int, balance: str, generator: torch.Generator | None = None
+) -> None:
     """Constructor checks shared by both samplers."""
     if isinstance(num_minibatches, bool) or not isinstance(num_minibatches, int):
         raise ValueError(f"num_minibatches must be an int, got {num_minibatches!r}")
     if num_minibatches < 1:
         raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
     check_balance(balance)
+    check_generator(generator)
+
+
+def mask_conditions(
+    key: object, lengths: torch.Tensor, mask: torch.Tensor
+) -> list[tuple[torch.Tensor, str]]:
+    """``plan_minibatches`` conditions on stored ``[N, Lp]`` bool ``loss_mask``.
+
+    Every row is a sequence: at least one real step, and a True prefix (padding only at the
+    end), as ``SequencePadder`` writes it.
+    """
+    return [
+        (
+            none_true(lengths <= 0),
+            f"{key!r} has a row without a real step (all False); every row must be a sequence "
+            "of at least one step",
+        ),
+        (
+            none_true(mask[:, 1:] > mask[:, :-1]),
+            f"{key!r} must be a True prefix in every row (padding only at the end), as "
+            "SequencePadder writes it",
+        ),
+    ]
 
 
 class SequenceSampler:
@@ -47,9 +80,16 @@ class SequenceSampler:
     use it (forward and backward) or clone it before asking for the next one. A graph that still
     needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
 
+    Refused with a ``ValueError`` naming the key or argument: more minibatches than sequences;
+    padded input whose ``loss_mask`` has a row with no real step or is not a True prefix (read
+    in the sync that plans the epoch); a rollout that is empty or already holds a key the
+    gather writes (``worker_index``, ``time_index``, ``rollout_steps``; see
+    ``SequencePadder``); a ``generator`` that is not a ``torch.Generator`` (``TypeError``).
+
     Args:
         num_minibatches: ``M >= 1``; at most the number of sequences.
-        generator: source of the order (CPU or the data's device); None uses torch's global one.
+        generator: a ``torch.Generator`` (CPU or the data's device), the source of the order;
+            None uses torch's global one.
         balance: ``"steps"`` or ``"sequences"``.
         reuse_memory: write every minibatch of an epoch into the same buffer (see above).
         keys: key overrides.
@@ -73,7 +113,7 @@ class SequenceSampler:
         reuse_memory: bool = False,
         keys: RolloutKeys | None = None,
     ) -> None:
-        check_minibatch_args(num_minibatches, balance)
+        check_minibatch_args(num_minibatches, balance, generator)
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance
@@ -86,31 +126,41 @@ class SequenceSampler:
             return self._from_padded(td)
         return self._from_rollout(td)
 
-    def _groups(self, lengths: torch.Tensor) -> list[torch.Tensor]:
+    def _groups(
+        self, lengths: torch.Tensor, require: list[tuple[torch.Tensor, str]] | None = None
+    ) -> list[torch.Tensor]:
         if self.num_minibatches > lengths.shape[0]:
             raise ValueError(
                 f"num_minibatches={self.num_minibatches} exceeds the {lengths.shape[0]} "
                 "sequences available"
             )
-        return balanced_minibatches(
-            lengths, self.num_minibatches, generator=self.generator, balance=self.balance
+        return plan_minibatches(
+            lengths,
+            self.num_minibatches,
+            generator=self.generator,
+            balance=self.balance,
+            require=require or (),
         )
 
     def _from_padded(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         if td.batch_dims != 2:
             raise ValueError(
-                f"SequenceSampler expects padded sequences [N, Lp], got {list(td.batch_size)}"
+                "SequenceSampler expects padded sequences with batch dims [N, Lp], got batch "
+                f"size {list(td.batch_size)}"
             )
         mask = get_key(td, self.keys.loss_mask)
         check_shape(self.keys.loss_mask, mask, td.batch_size)
         check_dtype(self.keys.loss_mask, mask, torch.bool)
-        groups = self._groups(mask.sum(-1))
+        check_not_meta({self.keys.loss_mask: mask})
+        lengths = mask.sum(-1)
+        groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
         return (td[index] for index in groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler")
         groups = self._groups(layout.lengths())
+        # the groups are the plan's own: in range, so gather_sequences skips the index check
         if not self.reuse_memory:
-            return (layout.gather(td, self.keys, index) for index in groups)
+            return (gather_sequences(layout, td, self.keys, index) for index in groups)
         buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
-        return (layout.gather(td, self.keys, index, out=buffer) for index in groups)
+        return (gather_sequences(layout, td, self.keys, index, out=buffer) for index in groups)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import NestedKey, TensorDictBase
 
-from rppo_td._validation import get_key
+from rppo_td._validation import check_key_list, get_key
 from rppo_td.transforms._base import RolloutTransform
 
 __all__ = ["DeviceMover"]
@@ -24,7 +24,9 @@ class DeviceMover(RolloutTransform):
 
     Args:
         device: the target device.
-        keys: optional keys to move; the rest are kept as they are.
+        keys: optional sequence of keys to move (a list, even for one key: a bare ``str`` is
+            refused with a ``TypeError``); the rest are kept as they are. Each must hold a
+            tensor.
 
     Example:
         >>> import torch
@@ -38,8 +40,12 @@ class DeviceMover(RolloutTransform):
         self, device: torch.device | str, *, keys: Sequence[NestedKey] | None = None
     ) -> None:
         super().__init__()
-        self.device = torch.device(device)
-        self.move_keys = None if keys is None else list(keys)
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise ValueError(f"device {device!r} is not a torch device: {error}") from None
+        _check_available(self.device)
+        self.move_keys = None if keys is None else check_key_list("keys", keys)
 
     def _fast_path(self, source: torch.device | None) -> bool:
         return self.device.type == "cuda" and (source is None or source.type == "cpu")
@@ -64,3 +70,18 @@ class DeviceMover(RolloutTransform):
 
     def extra_repr(self) -> str:
         return f"device={self.device}, keys={self.move_keys}"
+
+
+def _check_available(device: torch.device) -> None:
+    """Raises a ``ValueError`` for a CUDA device this machine does not have."""
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"device {str(device)!r} is not available: torch.cuda.is_available() is False"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"device {str(device)!r} is not available: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )

@@ -7,13 +7,22 @@ from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
+    check_device,
     check_dtype,
+    check_not_meta,
+    check_not_padded,
     check_sequence_length,
     check_shape,
+    check_values,
+    done_consistent,
     get_key,
     rollout_shape,
 )
-from rppo_td.functional._sequences import chunk_episodes, episode_ids, episode_starts
+from rppo_td.functional._sequences import (
+    chunk_episodes_unchecked,
+    episode_ids_unchecked,
+    episode_starts,
+)
 from rppo_td.transforms._base import RolloutTransform
 
 __all__ = ["EpisodeSplitter", "SequenceChunker"]
@@ -34,6 +43,14 @@ class EpisodeSplitter(RolloutTransform):
     step, and wherever ``is_init`` (optional) is True. Time-limit truncations end fragments
     too, since the environment resets after them.
 
+    ``done`` decides where fragments end; without a ``done`` key it is
+    ``terminated | truncated``, as in ``GAE``. When ``done`` and the flags are all present,
+    ``done`` must be ``terminated | truncated`` (with one flag only, that flag must imply
+    ``done``): one device synchronisation checks it, so that GAE and the splitter agree on
+    every episode end. Refused with a ``ValueError`` or ``KeyError`` naming the key: padded
+    sequences (``loss_mask`` present), wrong shapes or dtypes, inconsistent flags, no ``done``
+    and no flags to make it. A ``[W, 0]`` or ``[0, T]`` rollout gets an empty id key.
+
     Args:
         keys: key overrides.
 
@@ -48,12 +65,47 @@ class EpisodeSplitter(RolloutTransform):
     """
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.keys
         shape = rollout_shape(tensordict, "EpisodeSplitter")
-        done = _flag(tensordict, self.keys.done, shape)
-        has_init = tensordict.get(self.keys.is_init, None) is not None
-        is_init = _flag(tensordict, self.keys.is_init, shape) if has_init else None
-        tensordict.set(self.keys.episode_id, episode_ids(episode_starts(done, is_init)))
+        check_not_padded(tensordict, keys.loss_mask, "EpisodeSplitter")
+        is_init = self._optional(tensordict, keys.is_init, shape)
+        terminated = self._optional(tensordict, keys.terminated, shape)
+        truncated = self._optional(tensordict, keys.truncated, shape)
+        done = self._optional(tensordict, keys.done, shape)
+        if done is None:
+            if terminated is None or truncated is None:
+                raise KeyError(
+                    f"EpisodeSplitter needs {keys.done!r}, or {keys.terminated!r} and "
+                    f"{keys.truncated!r} to make it; the tensordict has "
+                    f"{sorted(str(k) for k in tensordict.keys(True, True))}"
+                )
+            done = terminated | truncated
+        elif terminated is not None or truncated is not None:
+            named = {keys.done: done}
+            for key, flag in ((keys.terminated, terminated), (keys.truncated, truncated)):
+                if flag is not None:
+                    named[key] = flag
+            check_device(named)
+            check_not_meta(named)
+            check_values(
+                {},
+                done_consistent(
+                    (keys.done, done),
+                    None if terminated is None else (keys.terminated, terminated),
+                    None if truncated is None else (keys.truncated, truncated),
+                ),
+            )
+        starts = episode_starts(done, is_init)
+        tensordict.set(keys.episode_id, episode_ids_unchecked(starts))
         return tensordict
+
+    @staticmethod
+    def _optional(
+        tensordict: TensorDictBase, key: NestedKey, shape: tuple[int, int]
+    ) -> torch.Tensor | None:
+        if tensordict.get(key, None) is None:
+            return None
+        return _flag(tensordict, key, shape)
 
 
 class SequenceChunker(RolloutTransform):
@@ -61,7 +113,8 @@ class SequenceChunker(RolloutTransform):
 
     Batch ``[W, T] -> [W, T]``; reads ``episode_id`` (run ``EpisodeSplitter`` first) and adds
     ``sequence_id`` (``[W, T]`` int64, row-major) and ``sequence_offset`` (``[W, T]`` int64,
-    the step's position in its sequence) in place.
+    the step's position in its sequence) in place. Padded sequences (``loss_mask`` present)
+    are refused with a ``ValueError``; a ``[W, 0]`` or ``[0, T]`` rollout gets empty keys.
 
     Args:
         sequence_length: ``L >= 1``, or None for whole episode fragments.
@@ -83,6 +136,7 @@ class SequenceChunker(RolloutTransform):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = rollout_shape(tensordict, "SequenceChunker")
+        check_not_padded(tensordict, self.keys.loss_mask, "SequenceChunker")
         episode = get_key(
             tensordict, self.keys.episode_id, hint="Run EpisodeSplitter before SequenceChunker."
         )
@@ -90,7 +144,8 @@ class SequenceChunker(RolloutTransform):
         check_dtype(self.keys.episode_id, episode, torch.int64)
         start = torch.ones(shape, dtype=torch.bool, device=episode.device)
         start[:, 1:] = episode[:, 1:] != episode[:, :-1]
-        sequence_id, offset = chunk_episodes(start, self.sequence_length)
+        # start[:, 0] is True by construction: no check (and no device sync) needed
+        sequence_id, offset = chunk_episodes_unchecked(start, self.sequence_length)
         tensordict.set(self.keys.sequence_id, sequence_id)
         tensordict.set(self.keys.sequence_offset, offset)
         return tensordict

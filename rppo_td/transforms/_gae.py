@@ -7,7 +7,13 @@ from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import check_dtype, check_unit_interval, get_key, rollout_shape
+from rppo_td._validation import (
+    check_dtype,
+    check_not_padded,
+    check_unit_interval,
+    get_key,
+    rollout_shape,
+)
 from rppo_td.functional._gae import check_gae_inputs, gae_unchecked
 from rppo_td.transforms._base import RolloutTransform
 
@@ -24,7 +30,16 @@ class GAE(RolloutTransform):
     The recursion is ``functional.generalized_advantage_estimate``'s: it bootstraps from
     ``("next", "state_value")`` where a step is truncated and at the rollout's last step, never
     where it is terminated. ``done`` is read from ``("next", "done")`` when present, else
-    ``terminated | truncated``.
+    ``terminated | truncated``. With a ``done`` key, ``terminated`` must imply it, and when
+    ``truncated`` is present too ``done`` must equal ``terminated | truncated`` (checked in
+    the one device synchronisation of the entry checks; ``EpisodeSplitter`` checks the same,
+    so both see the same episode ends). ``advantage`` and ``value_target`` never carry gradients,
+    even if the values do. A ``[W, 0]`` or ``[0, T]`` rollout gets empty keys.
+
+    Refused with a ``ValueError`` or ``KeyError`` naming the key: padded sequences (a
+    ``loss_mask`` is present: GAE over ``[N, Lp]`` would cut at every sequence end and depend
+    on ``L``), wrong shapes or dtypes, NaN or inf in rewards and values, ``done`` that is not
+    ``terminated | truncated``, meta tensors.
 
     Args:
         gamma: discount in ``[0, 1]``.
@@ -58,6 +73,11 @@ class GAE(RolloutTransform):
         keys: RolloutKeys | None = None,
     ) -> None:
         super().__init__(keys=keys)
+        if value_network is not None and not callable(value_network):
+            raise TypeError(
+                "value_network must be a TensorDict module (callable on a tensordict), got "
+                f"{type(value_network).__name__}"
+            )
         check_unit_interval("gamma", gamma)
         check_unit_interval("lmbda", lmbda)
         self.gamma = float(gamma)
@@ -67,12 +87,13 @@ class GAE(RolloutTransform):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
         rollout_shape(tensordict, "GAE")
+        check_not_padded(tensordict, keys.loss_mask, "GAE")
         self._fill_values(tensordict)
         reward = get_key(tensordict, keys.reward)
         value = get_key(tensordict, keys.state_value)
         next_value = get_key(tensordict, keys.next_state_value)
         terminated = get_key(tensordict, keys.terminated)
-        done = self._done(tensordict, terminated)
+        done, truncated = self._done(tensordict, terminated)
         expected = (*tensordict.batch_size, 1)
         if tuple(reward.shape) != expected:
             raise ValueError(
@@ -88,6 +109,7 @@ class GAE(RolloutTransform):
             },
             gamma=self.gamma,
             lmbda=self.lmbda,
+            truncated=None if truncated is None else (keys.truncated, truncated),
         )
         advantage, target = gae_unchecked(
             reward, value, next_value, terminated, done, gamma=self.gamma, lmbda=self.lmbda
@@ -96,17 +118,22 @@ class GAE(RolloutTransform):
         tensordict.set(keys.value_target, target)
         return tensordict
 
-    def _done(self, tensordict: TensorDictBase, terminated: torch.Tensor) -> torch.Tensor:
+    def _done(
+        self, tensordict: TensorDictBase, terminated: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``done`` and, when it is read from its key, ``truncated`` to check against it."""
         keys = self.keys
-        done = tensordict.get(keys.done, None)
-        if done is not None:
-            return done
+        if tensordict.get(keys.done, None) is not None:
+            done = get_key(tensordict, keys.done)
+            has_truncated = tensordict.get(keys.truncated, None) is not None
+            return done, get_key(tensordict, keys.truncated) if has_truncated else None
         truncated = tensordict.get(keys.truncated, None)
         if truncated is None:
             raise KeyError(
                 f"GAE needs {keys.done!r} or {keys.truncated!r} beside {keys.terminated!r}; "
                 "found neither"
             )
+        truncated = get_key(tensordict, keys.truncated)
         check_dtype(keys.truncated, truncated, torch.bool)
         check_dtype(keys.terminated, terminated, torch.bool)
         if truncated.shape != terminated.shape:
@@ -114,7 +141,7 @@ class GAE(RolloutTransform):
                 f"{keys.truncated!r} must have shape {list(terminated.shape)}, "
                 f"got {list(truncated.shape)}"
             )
-        return terminated | truncated
+        return terminated | truncated, None
 
     def _fill_values(self, tensordict: TensorDictBase) -> None:
         keys = self.keys

@@ -8,11 +8,20 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import check_dtype, check_shape, get_key, rollout_shape
-from rppo_td.functional._padding import pad_rows, padding_positions
+from rppo_td._validation import (
+    check_dtype,
+    check_not_padded,
+    check_shape,
+    check_values,
+    get_key,
+    rollout_shape,
+)
+from rppo_td.functional._padding import pad_rows
 from rppo_td.functional._sequences import sequence_layout
 
 __all__ = ["SequenceLayout"]
+
+_OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,7 @@ class SequenceLayout:
         flat_index: ``[N, Lp]`` int64, ``w * T + t`` of each position (0 on padding).
         loss_mask: ``[N, Lp]`` bool, True on real steps.
         time_steps: ``T``.
+        num_workers: ``W``.
 
     Example:
         >>> from rppo_td import RolloutKeys
@@ -37,15 +47,31 @@ class SequenceLayout:
     flat_index: torch.Tensor
     loss_mask: torch.Tensor
     time_steps: int
+    num_workers: int
 
     @classmethod
     def from_rollout(cls, td: TensorDictBase, keys: RolloutKeys, who: str) -> SequenceLayout:
-        """Reads ``sequence_id`` and ``sequence_offset`` of a chunked ``[W, T]`` rollout."""
+        """Reads ``sequence_id`` and ``sequence_offset`` of a chunked ``[W, T]`` rollout.
+
+        Refused with a ``ValueError`` naming the key (``who`` says whose error it is): padded
+        sequences (``loss_mask`` present), a rollout that already holds a key the gather writes
+        (``worker_index``, ``time_index``, ``rollout_steps``: it would be overwritten, and
+        dropped by ``SequencePadder.inv``), an empty rollout (no sequence), meta tensors, and
+        ids that ``SequenceChunker`` did not write.
+        """
         shape = rollout_shape(td, who)
-        if td.get(keys.loss_mask, None) is not None:
+        check_not_padded(td, keys.loss_mask, who)
+        for field in _OWN_FIELDS:
+            key = getattr(keys, field)
+            if td.get(key, None) is not None:
+                raise ValueError(
+                    f"{who} got a rollout that already holds {key!r}, a key it writes "
+                    f"(RolloutKeys.{field}): exclude it first (td.exclude({key!r})) or give "
+                    f"{who} another name for it, keys=RolloutKeys({field}=...)"
+                )
+        if 0 in shape:
             raise ValueError(
-                f"{who} got a tensordict that already holds {keys.loss_mask!r}: it is padded "
-                "already"
+                f"{who} got an empty rollout (batch size {list(shape)}): it holds no sequence"
             )
         hint = f"Run EpisodeSplitter and SequenceChunker before {who}."
         sequence_id = get_key(td, keys.sequence_id, hint=hint)
@@ -59,7 +85,7 @@ class SequenceLayout:
         start[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
         sequence_id = (start.flatten().cumsum(0) - 1).view(shape)
         flat_index, loss_mask = sequence_layout(sequence_id, offset)
-        return cls(flat_index, loss_mask, shape[1])
+        return cls(flat_index, loss_mask, shape[1], shape[0])
 
     @property
     def num_sequences(self) -> int:
@@ -92,44 +118,97 @@ class SequenceLayout:
         """Padded sequences ``[B, Lp]`` (all ``N``, or the ones in ``index`` ``[B]``).
 
         Every tensor leaf of ``td`` (``[W, T, *F]``) becomes ``[B, Lp, *F]`` with zero padding;
-        adds ``loss_mask``, ``worker_index`` and ``time_index`` (zero on padding too). With
-        ``out`` (``empty_buffer``'s, at least ``B`` rows) the leaves are written into its first
-        ``B`` rows instead of fresh memory, and the result's leaves are views of it.
+        adds ``loss_mask``, ``worker_index``, ``time_index`` and ``rollout_steps`` (``W * T``;
+        all zero on padding too). With ``out`` (``empty_buffer``'s, at least ``B`` rows) the
+        leaves are written into its first ``B`` rows instead of fresh memory, and the result's
+        leaves are views of it.
+
+        ``index`` is ``[B]`` int64 in ``[0, N)`` (checked, one device synchronisation) or
+        ``[N]`` bool; ``td`` must be the ``[W, T]`` rollout the layout was built from.
         """
-        if index is None:
-            flat, mask = self.flat_index, self.loss_mask
-        elif index.ndim == 1 and index.dtype == torch.int64:
-            # index_select is a plain row gather, cheaper than advanced indexing
-            flat = self.flat_index.index_select(0, index)
-            mask = self.loss_mask.index_select(0, index)
-        else:
-            flat, mask = self.flat_index[index], self.loss_mask[index]
-        pads = padding_positions(mask)
-        flat_steps = flat.flatten()
-        # Leaves go into a nested dict and the tensordict is built once at the end: setting
-        # them one by one into a tensordict with a device costs more than the gathers at small
-        # shapes.
-        source: dict = {}
-        # is_leaf_nontensor: without it items() skips non-tensor leaves silently
-        for key, value in td.items(
-            include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor
-        ):
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(
-                    f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
-                    "can be regrouped into sequences (exclude it first)"
+        if index is not None:
+            _check_index(index, self.num_sequences, self.loss_mask.device)
+        if tuple(td.batch_size) != (self.num_workers, self.time_steps):
+            raise ValueError(
+                f"SequenceLayout.gather needs the [{self.num_workers}, {self.time_steps}] "
+                f"rollout it was built from, got batch size {list(td.batch_size)}"
+            )
+        return gather_sequences(self, td, keys, index, out=out)
+
+
+def _check_index(index: torch.Tensor, num_sequences: int, device: torch.device) -> None:
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"index must be a tensor, got {type(index).__name__}")
+    if index.device != device:
+        raise ValueError(f"index is on {index.device}, but the layout is on {device}")
+    if index.dtype == torch.bool:
+        check_shape("index", index, (num_sequences,))
+        return
+    if index.ndim != 1 or index.dtype != torch.int64:
+        raise ValueError(
+            f"index must be [B] int64 or [N] bool, got {list(index.shape)} {index.dtype}"
+        )
+    if index.numel():
+        check_values(
+            {},
+            [
+                (
+                    (index.min() >= 0) & (index.max() < num_sequences),
+                    f"index must hold sequence numbers in [0, {num_sequences})",
                 )
-            dest = None if out is None else out[key][: flat.shape[0]]
-            _put(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
-        # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
-        # flat >= 0, so truncation is floor division (and cheaper)
-        worker = torch.div(flat, self.time_steps, rounding_mode="trunc")
-        _put(source, keys.loss_mask, mask)
-        _put(source, keys.worker_index, worker)
-        _put(source, keys.time_index, flat - worker * self.time_steps)
-        # every leaf was built above as [B, Lp, *F] on td's device: the checks of
-        # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
-        return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
+            ],
+        )
+
+
+def gather_sequences(
+    layout: SequenceLayout,
+    td: TensorDictBase,
+    keys: RolloutKeys,
+    index: torch.Tensor | None = None,
+    *,
+    out: dict[NestedKey, torch.Tensor] | None = None,
+) -> TensorDictBase:
+    """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups)."""
+    if index is None:
+        flat, mask = layout.flat_index, layout.loss_mask
+    elif index.ndim == 1 and index.dtype == torch.int64:
+        # index_select is a plain row gather, cheaper than advanced indexing
+        flat = layout.flat_index.index_select(0, index)
+        mask = layout.loss_mask.index_select(0, index)
+    else:
+        flat, mask = layout.flat_index[index], layout.loss_mask[index]
+    pads = (~mask).flatten().nonzero().squeeze(1)
+    flat_steps = flat.flatten()
+    # Leaves go into a nested dict and the tensordict is built once at the end: setting
+    # them one by one into a tensordict with a device costs more than the gathers at small
+    # shapes.
+    source: dict = {}
+    # is_leaf_nontensor: without it items() skips non-tensor leaves silently
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
+                "can be regrouped into sequences (exclude it first)"
+            )
+        if value.device != flat.device:
+            raise ValueError(
+                f"key {key!r} is on {value.device}, but the sequence ids are on {flat.device}; "
+                "move the rollout to one device first (DeviceMover)"
+            )
+        dest = None if out is None else out[key][: flat.shape[0]]
+        _put(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
+    # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
+    # flat >= 0, so truncation is floor division (and cheaper)
+    worker = torch.div(flat, layout.time_steps, rounding_mode="trunc")
+    _put(source, keys.loss_mask, mask)
+    _put(source, keys.worker_index, worker)
+    _put(source, keys.time_index, flat - worker * layout.time_steps)
+    # the rollout's identity, so that inv can refuse a subset of its sequences
+    steps = layout.num_workers * layout.time_steps
+    _put(source, keys.rollout_steps, torch.where(mask, steps, 0))
+    # every leaf was built above as [B, Lp, *F] on td's device: the checks of
+    # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
+    return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
 
 
 def _put(source: dict, key: NestedKey, value: torch.Tensor) -> None:

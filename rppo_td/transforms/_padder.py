@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
-from rppo_td._validation import check_dtype, check_shape, get_key
-from rppo_td.functional._padding import unpad_sequences
+from rppo_td._validation import check_dtype, check_not_meta, check_shape, get_key, none_true
+from rppo_td.functional._padding import unpad_rows
 from rppo_td.transforms._base import RolloutTransform
 from rppo_td.transforms._layout import SequenceLayout
 
@@ -19,16 +19,29 @@ class SequencePadder(RolloutTransform):
     Batch ``[W, T] -> [N, Lp]`` with ``N`` sequences and ``Lp = min(L, longest fragment)``.
     Reads ``sequence_id`` and ``sequence_offset`` (``SequenceChunker``); returns a new
     tensordict holding every key of the rollout regrouped (zero on padding), plus
-    ``loss_mask`` (``[N, Lp]`` bool, a True prefix per row), ``worker_index`` and
-    ``time_index`` (``[N, Lp]`` int64). The input is not modified. Position 0 of each sequence
-    holds the rollout's values at its first step, recurrent state included.
+    ``loss_mask`` (``[N, Lp]`` bool, a True prefix per row), ``worker_index``,
+    ``time_index`` and ``rollout_steps`` (``[N, Lp]`` int64: the step's row and column in the
+    rollout, and the rollout's ``W * T``; 0 on padding). The input is not modified. Position 0
+    of each sequence holds the rollout's values at its first step, recurrent state included.
+
+    Refused with a ``ValueError`` naming the key: a tensordict that is padded already
+    (``loss_mask`` present), a rollout that already holds ``worker_index``, ``time_index`` or
+    ``rollout_steps`` (they would be overwritten, and dropped by ``inv``: exclude them or
+    rename the padder's keys with ``keys=RolloutKeys(...)``), an empty rollout (``W = 0`` or
+    ``T = 0``: no sequence, and no ``[N, Lp]`` batch could remember ``[W, T]`` for ``inv``),
+    non-tensor leaves, meta tensors.
 
     ``inv`` turns a padded tensordict back into the ``[W, T]`` rollout exactly, from
-    ``worker_index`` and ``time_index`` alone; a tensordict without ``loss_mask`` passes through
-    unchanged (so ``ReplayBuffer.extend`` can store rollouts). It needs all the sequences of one
-    rollout, in any order: ``[W, T]`` is read off the largest indices, and a missing or repeated
-    step is an error. To scatter values of a subset (one minibatch), index a ``[W, T]`` tensor
-    with that subset's ``worker_index`` and ``time_index`` where ``loss_mask`` is True.
+    ``worker_index`` and ``time_index``, and removes the keys the padder added; a tensordict
+    without ``loss_mask`` passes through unchanged (so ``ReplayBuffer.extend`` can store
+    rollouts). It needs all the sequences of one rollout, in any order (shuffled, stored in a
+    ``ReplayBuffer`` and read back, concatenated from parts): ``[W, T]`` is read off the
+    largest indices and checked against ``rollout_steps``, so a subset of the sequences (one
+    minibatch, or all but the last worker's, which would look like a smaller rollout),
+    sequences of two rollouts of different sizes, or a missing or repeated step is an error.
+    It cannot tell apart two rollouts of the same ``[W, T]`` whose sequences were mixed. To
+    scatter values of a subset (one minibatch), index a ``[W, T]`` tensor with that subset's
+    ``worker_index`` and ``time_index`` where ``loss_mask`` is True.
 
     Args:
         keys: key overrides.
@@ -68,32 +81,90 @@ class SequencePadder(RolloutTransform):
                 f"{list(tensordict.batch_size)}"
             )
         shape = tuple(tensordict.batch_size)
+        hint = (
+            "SequencePadder writes it; inv needs it to check that it has all the sequences of "
+            "one rollout."
+        )
         mask = get_key(tensordict, keys.loss_mask)
-        worker = get_key(tensordict, keys.worker_index)
-        time = get_key(tensordict, keys.time_index)
+        worker = get_key(tensordict, keys.worker_index, hint=hint)
+        time = get_key(tensordict, keys.time_index, hint=hint)
+        steps = get_key(tensordict, keys.rollout_steps, hint=hint)
         check_shape(keys.loss_mask, mask, shape)
         check_dtype(keys.loss_mask, mask, torch.bool)
-        for key, value in ((keys.worker_index, worker), (keys.time_index, time)):
+        named = {keys.worker_index: worker, keys.time_index: time, keys.rollout_steps: steps}
+        for key, value in named.items():
             check_shape(key, value, shape)
             check_dtype(key, value, torch.int64)
+        check_not_meta({keys.loss_mask: mask, **named})
         real = mask.flatten().nonzero().squeeze(1)
-        num_workers, num_time = (
-            torch.stack([worker.max() + 1, time.max() + 1]).tolist() if real.numel() else (0, 0)
-        )
-        dest = (worker * num_time + time).flatten().index_select(0, real)
-        num_steps = num_workers * num_time
-        counts = torch.bincount(dest, minlength=num_steps)
-        if real.numel() != num_steps or not bool((counts == 1).all()):
+        if real.numel() == 0:
             raise ValueError(
-                f"SequencePadder.inv needs every step of the [{num_workers}, {num_time}] "
-                f"rollout exactly once; the padded tensordict holds {real.numel()} real steps "
-                f"over {int((counts > 0).sum())} distinct (worker, time) pairs"
+                f"SequencePadder.inv got padded sequences without a real step ({keys.loss_mask!r} "
+                "is all False); a rollout has at least one"
+            )
+        w_real, t_real, s_real = (x.flatten().index_select(0, real) for x in named.values())
+        num_workers, num_time, low_w, low_t, low_s, high_s, prefix = torch.stack(
+            [
+                w_real.max() + 1,
+                t_real.max() + 1,
+                w_real.min(),
+                t_real.min(),
+                s_real.min(),
+                s_real.max(),
+                none_true(mask[:, 1:] > mask[:, :-1]).long(),
+            ]
+        ).tolist()
+        if not prefix:
+            raise ValueError(
+                f"{keys.loss_mask!r} must be a True prefix in every row (padding only at the "
+                "end), as SequencePadder writes it"
+            )
+        if low_s <= 0:
+            raise ValueError(
+                f"{keys.loss_mask!r} is True where {keys.rollout_steps!r} is {low_s}: a padding "
+                "position is marked as a real step"
+            )
+        if low_w < 0 or low_t < 0:
+            raise ValueError(
+                f"{keys.worker_index!r} and {keys.time_index!r} must be >= 0 on real steps, got "
+                f"minima {low_w} and {low_t}"
+            )
+        if low_s != high_s:
+            raise ValueError(
+                "SequencePadder.inv needs all the sequences of one rollout; these come from "
+                f"rollouts of different sizes ({keys.rollout_steps!r} holds {low_s} and "
+                f"{high_s} steps)"
+            )
+        num_steps = num_workers * num_time
+        dest = (w_real * num_time).add_(t_real)
+        # sizes first: bincount's length is only trusted once it is the recorded W * T
+        sizes_ok = real.numel() == num_steps == high_s
+        if not sizes_ok or not bool((torch.bincount(dest, minlength=num_steps) == 1).all()):
+            raise ValueError(
+                "SequencePadder.inv needs all the sequences of one rollout, every step once: "
+                f"they were padded from a rollout of {high_s} steps ({keys.rollout_steps!r}), "
+                f"and these hold {real.numel()} real steps over {torch.unique(dest).numel()} "
+                f"distinct (worker, time) pairs within [{num_workers}, {num_time}]. To scatter "
+                "values of a subset (one minibatch), index a [W, T] tensor with its "
+                "worker_index and time_index where loss_mask is True"
             )
         own = set(keys.index_keys())
         out = TensorDict(batch_size=[num_workers, num_time], device=tensordict.device)
-        for key, value in tensordict.items(include_nested=True, leaves_only=True):
+        for key, value in tensordict.items(
+            include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor
+        ):
             if key in own:
                 continue
-            flat = unpad_sequences(value, dest, real, num_steps)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(
+                    f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor "
+                    "leaves can be put back into the rollout (exclude it first)"
+                )
+            if value.device != real.device:
+                raise ValueError(
+                    f"key {key!r} is on {value.device}, but {keys.loss_mask!r} is on "
+                    f"{real.device}; move the sequences to one device first (DeviceMover)"
+                )
+            flat = unpad_rows(value, dest, real, num_steps)
             out.set(key, flat.view(num_workers, num_time, *flat.shape[1:]))
         return out

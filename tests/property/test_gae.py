@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -208,3 +209,62 @@ def test_discounted_segment_sum_matches_loop_on_large_inputs(data):
     y32 = functional.discounted_segment_sum(x.float(), carry_on, decay)
     assert y32.dtype == torch.float32
     torch.testing.assert_close(y32, y.float(), atol=1e-4, rtol=1e-4)
+
+
+@given(
+    td=rollouts(),
+    flag=st.sampled_from(["terminated", "truncated", "done"]),
+    gamma=discounts(),
+    data=st.data(),
+)
+def test_flags_that_disagree_with_done_are_refused(td, flag, gamma, data):
+    # wherever a flag is set without done (or done without a flag), GAE would sum across an
+    # episode end or cut one it does not bootstrap; GAE and EpisodeSplitter both refuse
+    num_workers, num_steps = td.batch_size
+    w = data.draw(st.integers(0, num_workers - 1), label="w")
+    t = data.draw(st.integers(0, num_steps - 1), label="t")
+    if flag == "done":
+        td["next", "terminated"][w, t] = False
+        td["next", "truncated"][w, t] = False
+        td["next", "done"][w, t] = True
+    else:
+        other = "truncated" if flag == "terminated" else "terminated"
+        td["next", flag][w, t] = True
+        td["next", other][w, t] = False
+        td["next", "done"][w, t] = False
+    for stage in (GAE(gamma=gamma, lmbda=0.9), EpisodeSplitter()):
+        with pytest.raises(ValueError) as info:
+            stage(td.clone())
+        assert f"('next', {flag!r}) is True where" in info.value.args[0]
+    if flag == "terminated":
+        with pytest.raises(ValueError, match="'terminated' is True where 'done' is False"):
+            functional.generalized_advantage_estimate(
+                td["next", "reward"],
+                td["state_value"],
+                td["next", "state_value"],
+                td["next", "terminated"],
+                td["next", "done"],
+                gamma=gamma,
+                lmbda=0.9,
+            )
+
+
+@given(td=rollouts(), gamma=discounts(), lmbda=discounts())
+def test_targets_never_carry_gradients(td, gamma, lmbda):
+    expected, _ = _gae(td, gamma, lmbda)
+    for key in ("state_value", ("next", "state_value"), ("next", "reward")):
+        td.set(key, td.get(key).clone().requires_grad_())
+    out = GAE(gamma=gamma, lmbda=lmbda)(td)
+    assert not out["advantage"].requires_grad and not out["value_target"].requires_grad
+    torch.testing.assert_close(out["advantage"], expected)
+
+
+@given(td=rollouts(), gamma=discounts(), lmbda=discounts(), data=st.data())
+def test_empty_slices_give_empty_advantages(td, gamma, lmbda, data):
+    cut = data.draw(st.sampled_from(["workers", "steps"]), label="cut")
+    empty = td[:0] if cut == "workers" else td[:, :0]
+    out = SequenceChunker(sequence_length=2)(
+        EpisodeSplitter()(GAE(gamma=gamma, lmbda=lmbda)(empty))
+    )
+    assert out["advantage"].shape == (*empty.batch_size, 1)
+    assert out["sequence_id"].shape == empty.batch_size

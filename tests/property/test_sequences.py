@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, functional
 from tests.reference import (
@@ -35,6 +37,15 @@ def _real_steps(padded):
     ]
 
 
+def _without_rollout_steps(padded, rollout):
+    """``padded`` less ``rollout_steps`` (the reference does not write it), checked first:
+    ``W * T`` of ``rollout`` on every real step, 0 on padding."""
+    num_workers, num_steps = rollout.batch_size
+    expected = padded["loss_mask"].long() * (num_workers * num_steps)
+    assert torch.equal(padded["rollout_steps"], expected)
+    return padded.exclude("rollout_steps")
+
+
 def _assert_tds_equal(actual, expected):
     assert actual.batch_size == expected.batch_size
     actual_keys = set(actual.keys(include_nested=True, leaves_only=True))
@@ -52,7 +63,8 @@ def test_padder_matches_reference(td, sequence_length):
     sequence_id, offset = reference_chunk_ids(td, sequence_length)
     assert torch.equal(chunked["sequence_id"], sequence_id)
     assert torch.equal(chunked["sequence_offset"], offset)
-    _assert_tds_equal(SequencePadder()(chunked), reference_pad(chunked, sequence_length))
+    padded = _without_rollout_steps(SequencePadder()(chunked), td)
+    _assert_tds_equal(padded, reference_pad(chunked, sequence_length))
 
 
 @given(td=rollouts(extra_starts=True), sequence_length=sequence_lengths())
@@ -61,7 +73,7 @@ def test_is_init_starts_a_fragment(td, sequence_length):
     chunked = _chunk(td, sequence_length)
     assert torch.equal(chunked["episode_id"], reference_episode_ids(td))
     padded = SequencePadder()(chunked)
-    _assert_tds_equal(padded, reference_pad(chunked, sequence_length))
+    _assert_tds_equal(_without_rollout_steps(padded, td), reference_pad(chunked, sequence_length))
     starts = padded["is_init"][padded["loss_mask"]].squeeze(-1)
     # every step flagged is_init sits at position 0 of its sequence
     positions = padded["loss_mask"].nonzero()[:, 1]
@@ -205,3 +217,37 @@ def test_padding_reordered_rows_of_a_chunked_rollout(td, sequence_length, data):
         if key in ids:
             continue
         assert torch.equal(chunked_then_sampled[key], sampled_then_chunked[key]), key
+
+
+@given(td=rollouts(min_workers=2), sequence_length=sequence_lengths(), data=st.data())
+def test_inv_refuses_a_strict_subset_of_the_sequences(td, sequence_length, data):
+    # e.g. all sequences but the last worker's: a smaller valid rectangle that inv used to
+    # return as a [W - 1, T] rollout; or any minibatch. The rest, in any order, round-trips.
+    padded = SequencePadder()(_chunk(td, sequence_length))
+    num_sequences = padded.batch_size[0]
+    order = data.draw(st.permutations(range(num_sequences)), label="order")
+    keep = data.draw(st.integers(1, num_sequences - 1), label="kept")
+    subset = padded[torch.tensor(order[:keep])]
+    with pytest.raises(ValueError, match="needs all the sequences of one rollout"):
+        SequencePadder().inv(subset)
+    last_worker = padded["worker_index"][:, 0] == td.batch_size[0] - 1
+    with pytest.raises(ValueError, match="needs all the sequences of one rollout"):
+        SequencePadder().inv(padded[~last_worker])
+    back = SequencePadder().inv(padded[torch.tensor(order)])
+    _assert_tds_equal(back, _chunk(td, sequence_length))
+
+
+@given(td=rollouts(), sequence_length=sequence_lengths())
+def test_inv_after_cat_and_replay_buffer_storage(td, sequence_length):
+    chunked = _chunk(td, sequence_length)
+    padded = SequencePadder()(chunked)
+    half = padded.batch_size[0] // 2
+    _assert_tds_equal(SequencePadder().inv(torch.cat([padded[half:], padded[:half]])), chunked)
+    buffer = ReplayBuffer(storage=LazyTensorStorage(padded.batch_size[0]))
+    buffer.extend(padded)
+    _assert_tds_equal(SequencePadder().inv(buffer.storage[:]), chunked)
+    # sequences of two rollouts of different sizes
+    other = SequencePadder()(_chunk(td[:, :1], sequence_length))
+    if other.batch_size[1] == padded.batch_size[1] and td.numel() > other.numel():
+        with pytest.raises(ValueError, match="rollouts of different sizes"):
+            SequencePadder().inv(torch.cat([padded, other]))

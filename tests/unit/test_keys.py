@@ -18,7 +18,7 @@ def test_defaults_are_torchrl_names():
     assert keys.truncated == ("next", "truncated")
     assert keys.done == ("next", "done")
     assert keys.is_init == "is_init"
-    assert keys.index_keys() == ("loss_mask", "worker_index", "time_index")
+    assert keys.index_keys() == ("loss_mask", "worker_index", "time_index", "rollout_steps")
 
 
 def test_overrides_and_frozen():

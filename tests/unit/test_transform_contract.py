@@ -50,6 +50,7 @@ NESTED = RolloutKeys(
     loss_mask=("ids", "mask"),
     worker_index=("ids", "worker"),
     time_index=("ids", "time"),
+    rollout_steps=("ids", "steps"),
 )
 FIELDS = [name for name in RolloutKeys.__dataclass_fields__]
 
@@ -195,6 +196,7 @@ def test_nested_key_overrides(case, td):
             "loss_mask",
             "worker_index",
             "time_index",
+            "rollout_steps",
         }:
             continue
         # none of the default places is read or written

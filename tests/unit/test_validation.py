@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -9,11 +10,23 @@ import torch
 from tensordict import TensorDict
 
 from rppo_td._validation import (
+    check_device,
     check_dtype,
     check_finite,
     check_floating,
+    check_generator,
+    check_key_list,
+    check_not_meta,
+    check_not_padded,
     check_shape,
+    check_tensors,
+    check_time_dim,
+    check_unit_interval,
+    check_values,
+    done_consistent,
     get_key,
+    implies,
+    none_true,
     rollout_shape,
 )
 
@@ -80,3 +93,109 @@ def test_check_finite():
                 "c": torch.tensor([float("-inf")]),
             }
         )
+
+
+def test_check_values_one_read_then_names_the_culprit():
+    ok = torch.tensor(True)
+    check_values({"a": torch.zeros(3)}, [(ok, "never")])
+    check_values({}, [])
+    with pytest.raises(ValueError, match=r"^second$"):
+        check_values({"a": torch.zeros(3)}, [(ok, "first"), (torch.tensor(False), "second")])
+    # a NaN is reported before a failed condition, and a lazy message is called on failure only
+    calls = []
+
+    def lazy():
+        calls.append(1)
+        return "lazy"
+
+    with pytest.raises(ValueError, match=r"^'a' must be finite"):
+        check_values({"a": torch.tensor([math.nan])}, [(torch.tensor(False), lazy)])
+    assert calls == []
+    with pytest.raises(ValueError, match=r"^lazy$"):
+        check_values({}, [(torch.tensor(False), lazy)])
+    # finite values whose float64 sum overflows are not refused
+    big = torch.full((2,), torch.finfo(torch.float64).max, dtype=torch.float64)
+    check_values({"big": big})
+
+
+def test_none_true_and_implies():
+    assert bool(none_true(torch.zeros(0, dtype=torch.bool)))
+    assert bool(none_true(torch.zeros(3, 2, dtype=torch.bool)))
+    assert not bool(none_true(torch.tensor([[False, True]])[:, 1:]))
+    a = torch.tensor([True, False, True])
+    condition, message = implies("a", a, "b", torch.tensor([True, True, False]))
+    assert not bool(condition)
+    assert message() == (
+        "'a' is True where 'b' is False (at 1 step, the first at index [2]); 'a' must imply 'b'"
+    )
+
+
+def test_done_consistent():
+    term = torch.tensor([True, False, False])
+    trunc = torch.tensor([False, True, False])
+    done = term | trunc
+    for flags in [(("t", term), ("u", trunc)), (("t", term), None), (None, ("u", trunc))]:
+        conditions = done_consistent(("d", done), *flags)
+        assert all(bool(c) for c, _ in conditions)
+    extra = done.clone()
+    extra[2] = True
+    ((condition, message),) = done_consistent(("d", extra), ("t", term), ("u", trunc))
+    assert not bool(condition)
+    assert message().startswith("'d' is True where neither 't' nor 'u' is (at 1 step")
+    # with one flag only, done may hold other ends
+    assert bool(done_consistent(("d", extra), ("t", term), None)[0][0])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (1.01, "gamma must be in [0, 1], got 1.01"),
+        (math.nan, "gamma must be in [0, 1], got nan"),
+        ("0.5", "gamma must be a real number in [0, 1], got '0.5' (str)"),
+        (True, "gamma must be a real number in [0, 1], got True (bool)"),
+        (None, "gamma must be a real number in [0, 1], got None (NoneType)"),
+    ],
+)
+def test_check_unit_interval(value, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        check_unit_interval("gamma", value)
+
+
+def test_check_unit_interval_accepts_real_numbers():
+    import numpy as np
+
+    for value in (0, 1, 0.5, np.float32(0.25), np.float64(1.0)):
+        check_unit_interval("gamma", value)
+
+
+def test_check_time_dim():
+    assert check_time_dim(-2, 3) == 1
+    assert check_time_dim(2, 3) == 2
+    assert check_time_dim(-3, 3, last_allowed=False) == 0
+    with pytest.raises(ValueError, match=re.escape("time_dim=3 is out of range for 3 dims")):
+        check_time_dim(3, 3)
+    with pytest.raises(ValueError, match="a trailing 1, is a feature dim"):
+        check_time_dim(-1, 3, last_allowed=False)
+    with pytest.raises(ValueError, match="time_dim must be an int, got True"):
+        check_time_dim(True, 3)
+
+
+def test_argument_kinds():
+    with pytest.raises(TypeError, match="keys must be a sequence of keys"):
+        check_key_list("keys", "observation")
+    with pytest.raises(TypeError, match="keys must be a sequence of keys"):
+        check_key_list("keys", 3)
+    assert check_key_list("keys", ("a", ("b", "c"))) == ["a", ("b", "c")]
+    with pytest.raises(
+        TypeError, match=re.escape("generator must be a torch.Generator or None, got int")
+    ):
+        check_generator(0)
+    with pytest.raises(TypeError, match=re.escape("x must be a torch.Tensor, got list")):
+        check_tensors({"x": [1.0]})
+    with pytest.raises(ValueError, match=re.escape("'b' is on meta, but 'a' is on cpu")):
+        check_device({"a": torch.zeros(1), "b": torch.zeros(1, device="meta")})
+    with pytest.raises(ValueError, match=re.escape("'m' is a meta tensor")):
+        check_not_meta({"m": torch.zeros(1, device="meta")})
+    td = TensorDict({"loss_mask": torch.ones(2, 3, dtype=torch.bool)}, batch_size=[2, 3])
+    with pytest.raises(ValueError, match="X got a tensordict that already holds 'loss_mask'"):
+        check_not_padded(td, "loss_mask", "X")

@@ -85,7 +85,10 @@ def test_input_checks():
     padded = SequencePadder()(_chunked())
     with pytest.raises(
         ValueError,
-        match=re.escape("SequenceSampler expects padded sequences [N, Lp], got [6, 2, 1]"),
+        match=re.escape(
+            "SequenceSampler expects padded sequences with batch dims [N, Lp], got batch size "
+            "[6, 2, 1]"
+        ),
     ):
         SequenceSampler(2)(padded.unsqueeze(-1))
     bad = padded.clone()

@@ -112,9 +112,16 @@ def test_splitter_bad_is_init_and_batch():
 
 
 def test_splitter_missing_done():
+    # without a done key, done is terminated | truncated, as in GAE
+    expected = EpisodeSplitter()(small_rollout())["episode_id"]
+    out = EpisodeSplitter()(small_rollout().exclude(("next", "done")))
+    assert torch.equal(out["episode_id"], expected)
     with pytest.raises(KeyError) as info:
-        EpisodeSplitter()(small_rollout().exclude(("next", "done")))
-    assert info.value.args[0].startswith("key ('next', 'done') is missing")
+        EpisodeSplitter()(small_rollout().exclude(("next", "done"), ("next", "truncated")))
+    assert info.value.args[0].startswith(
+        "EpisodeSplitter needs ('next', 'done'), or ('next', 'terminated') and "
+        "('next', 'truncated') to make it"
+    )
 
 
 def test_chunker_bad_episode_ids():

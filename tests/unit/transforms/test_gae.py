@@ -52,12 +52,32 @@ def test_golden_through_the_transform_without_done_key():
 
 
 def test_done_key_is_read_when_present():
-    td = _golden_rollout()
-    # a done key that disagrees with terminated | truncated wins: no cut at row 1, t=1
+    golden = GAE(gamma=0.5, lmbda=0.5)(_golden_rollout())
+    # without a truncated key, done alone says where the sums stop: row 1's cut at t=1
+    td = _golden_rollout().exclude(("next", "truncated"))
     td["next", "done"] = td["next", "terminated"].clone()
+    td["next", "done"][1, 1] = True
     out = GAE(gamma=0.5, lmbda=0.5)(td)
-    # row 1, t=1: delta = 2.0 now continues into A[2] = 1.0: 2.0 + 0.25 * 1.0
+    torch.testing.assert_close(out["advantage"], golden["advantage"])
+    # no cut at row 1, t=1: delta = 2.0 now continues into A[2] = 1.0: 2.0 + 0.25 * 1.0
+    td["next", "done"][1, 1] = False
+    out = GAE(gamma=0.5, lmbda=0.5)(td)
     assert float(out["advantage"][1, 1]) == pytest.approx(2.25)
+
+
+@pytest.mark.parametrize("flag", ["terminated", "truncated"])
+def test_flag_without_done_is_refused(flag):
+    # a done key that misses an end of terminated or truncated: GAE would sum across it
+    td = _golden_rollout()
+    td["next", "done"] = td["next", "terminated"] | td["next", "truncated"]
+    td["next", "done"][1 if flag == "truncated" else 0, 1] = False
+    with pytest.raises(ValueError) as info:
+        GAE(gamma=0.5, lmbda=0.5)(td)
+    assert _message(info).startswith(
+        f"('next', {flag!r}) is True where ('next', 'done') is False (at 1 step, the first at "
+        f"index [{1 if flag == 'truncated' else 0}, 1, 0])"
+    )
+    assert "advantage" not in td
 
 
 def test_nested_key_overrides():

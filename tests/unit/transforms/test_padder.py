@@ -67,12 +67,13 @@ def test_inv_needs_every_step_once():
     with pytest.raises(
         ValueError,
         match=re.escape(
-            "SequencePadder.inv needs every step of the [2, 5] rollout exactly once; the padded "
-            "tensordict holds 5 real steps over 5 distinct (worker, time) pairs"
+            "SequencePadder.inv needs all the sequences of one rollout, every step once: they "
+            "were padded from a rollout of 10 steps ('rollout_steps'), and these hold 5 real "
+            "steps over 5 distinct (worker, time) pairs within [2, 5]"
         ),
     ):
         SequencePadder().inv(padded[torch.tensor([0, 2, 3])])
-    with pytest.raises(ValueError, match="holds 12 real steps over 10 distinct"):
+    with pytest.raises(ValueError, match="hold 12 real steps over 10 distinct"):
         SequencePadder().inv(torch.cat([padded, padded[:1]]))
 
 
