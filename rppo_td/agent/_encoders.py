@@ -71,16 +71,26 @@ class _Flatten(nn.Module):
 
 
 def _leaf_encoder(space: gym.Space, image_features: int) -> tuple[nn.Module, int]:
+    shape = tuple(space.shape or ())
+    if int(np.prod(shape)) == 0:
+        raise ValueError(f"observation leaf {space} has no entries (shape {shape})")
     if isinstance(space, gym.spaces.Box) and is_image(space):
         return _ImageEncoder(space, image_features), image_features
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start):
+        raise ValueError(
+            f"observation space {space} does not start at 0, so its one-hot encoding "
+            "would be wrong; rppo_td.envs.make_env shifts such observations to start at 0"
+        )
     if isinstance(space, gym.spaces.Discrete):
         return _OneHot([int(space.n)], multi=False), int(space.n)
     if isinstance(space, gym.spaces.MultiDiscrete):
         if space.nvec.ndim != 1:
-            raise ValueError(f"MultiDiscrete observations must be 1-D, got nvec {space.nvec}")
+            raise ValueError(
+                f"MultiDiscrete observations must be 1-D, got nvec {space.nvec.tolist()}; "
+                "rppo_td.envs.make_env flattens them"
+            )
         nvec = [int(n) for n in space.nvec]
         return _OneHot(nvec, multi=True), sum(nvec)
-    shape = tuple(space.shape or ())
     return _Flatten(len(shape)), int(np.prod(shape)) if shape else 1
 
 
@@ -111,6 +121,8 @@ class ObservationEncoder(nn.Module):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if not leaves:
+            raise ValueError("the observation space has no leaves (an empty Dict or Tuple)")
         self.keys = [key for key, _ in leaves]
         encoders, width = [], 0
         for _, space in leaves:

@@ -115,22 +115,44 @@ class ActionHead(nn.Module):
         return _DiagonalNormal(out, self.log_std)
 
 
+_USE_MAKE_ENV = "rppo_td.envs.make_env shows the env through spaces the agent supports"
+
+
 def make_action_head(space: gym.Space, in_features: int) -> ActionHead:
-    """The head for a ``Discrete``, 1-D ``MultiDiscrete`` or 1-D ``Box`` action space.
+    """The head for a ``Discrete``, 1-D ``MultiDiscrete`` or 1-D float ``Box`` action space.
+
+    Discrete spaces must start at 0 (the head samples ``0..n-1``), spaces must not be empty.
+    ``rppo_td.envs.make_env`` converts other starts, ``MultiBinary`` and multi-dimensional
+    spaces to these (``canonical_action_space``).
 
     Raises:
         ValueError: any other action space, naming it.
     """
     if isinstance(space, gym.spaces.Discrete):
         if int(space.start) != 0:
-            raise ValueError(f"Discrete action spaces must start at 0, got start={space.start}")
+            raise ValueError(
+                f"action space {space} starts at {space.start}, but the agent samples "
+                f"0..n-1; {_USE_MAKE_ENV} (it shifts the actions)"
+            )
         return ActionHead("discrete", in_features, [int(space.n)])
     if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        if space.start.any():
+            raise ValueError(
+                f"action space {space} has start {space.start.tolist()}, but the agent samples "
+                f"from 0; {_USE_MAKE_ENV} (it shifts the actions)"
+            )
+        if space.nvec.size == 0:
+            raise ValueError(f"action space {space} has no entries")
         return ActionHead("multi_discrete", in_features, [int(n) for n in space.nvec])
     if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
         if not np.issubdtype(space.dtype, np.floating):
-            raise ValueError(f"Box action spaces must be floating point, got {space.dtype}")
+            raise ValueError(
+                f"action space {space}: Box actions must be floating point, got {space.dtype}"
+            )
+        if space.shape[0] == 0:
+            raise ValueError(f"action space {space} has no entries")
         return ActionHead("box", in_features, [int(space.shape[0])])
     raise ValueError(
-        f"action space {space} is not supported: use Discrete, 1-D MultiDiscrete or 1-D Box"
+        f"action space {space} is not supported: use Discrete, 1-D MultiDiscrete or 1-D float "
+        f"Box; {_USE_MAKE_ENV} (it converts MultiBinary and multi-dimensional spaces)"
     )

@@ -58,7 +58,12 @@ _REQUIRED: dict[str, type | tuple[type, ...]] = {
     "recent_returns": list,
     "recent_lengths": list,
 }
-_COUNTERS = {"update": int, "env_steps": int, "wall_time_s": (int, float), "episodes": int}
+_COUNTERS: dict[str, type | tuple[type, ...]] = {
+    "update": int,
+    "env_steps": int,
+    "wall_time_s": (int, float),
+    "episodes": int,
+}
 
 
 class CheckpointError(ValueError):
@@ -214,7 +219,8 @@ def _check_content(data: Any, where: str) -> None:
             )
     for key, kind in _COUNTERS.items():
         value = data["counters"].get(key)
-        if isinstance(value, bool) or not isinstance(value, kind) or value < 0:
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else -1
+        if not isinstance(value, kind) or number < 0:
             raise CheckpointError(
                 f"{where} is not a complete rppo_td checkpoint: counters[{key!r}] must be a "
                 f"non-negative {_type_names(kind)}, got {value!r}"

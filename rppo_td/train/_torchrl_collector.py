@@ -1,4 +1,4 @@
-"""Rollouts through TorchRL: ``GymEnv`` + ``InitTracker`` + state primer + ``Collector``.
+"""Rollouts through TorchRL: ``GymWrapper`` + ``InitTracker`` + state primer + ``Collector``.
 
 This is the path a user's own TorchRL pipeline would take. On a 2-core CPU it is several times
 slower per step than ``VectorCollector`` (figures in the README), so ``--collector vector`` is
@@ -14,10 +14,10 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.collectors import Collector
-from torchrl.envs import Compose, GymEnv, InitTracker, SerialEnv, TransformedEnv
+from torchrl.envs import Compose, GymWrapper, InitTracker, SerialEnv, TransformedEnv
 
 from rppo_td.agent import RecurrentActorCritic, RecurrentPolicyModule, recurrent_state_primer
-from rppo_td.envs import resolve_env_id
+from rppo_td.envs import make_env, resolve_env_id
 from rppo_td.train._vector_collector import EpisodeStats
 
 __all__ = ["TorchRLCollector", "make_torchrl_env"]
@@ -28,12 +28,14 @@ log = logging.getLogger(__name__)
 def make_torchrl_env(
     env_id: str, agent: RecurrentActorCritic, *, num_envs: int, device: torch.device | str = "cpu"
 ) -> TransformedEnv:
-    """``SerialEnv`` of ``GymEnv`` with ``InitTracker`` and, if recurrent, the state primer.
+    """``SerialEnv`` of ``GymWrapper(make_env(env_id))`` with ``InitTracker`` and the primer.
 
-    Discrete actions use categorical (index) encoding, as ``VectorCollector`` does.
+    Each copy is the checked env of ``rppo_td.envs.make_env``, in the spaces the agent was
+    built from, so a faulty env raises the same ``EnvError`` as on the vector path. Discrete
+    actions use categorical (index) encoding, as ``VectorCollector`` does.
     """
     name = resolve_env_id(env_id)
-    probe = gym.make(name)
+    probe = make_env(name)
     space = probe.observation_space
     probe.close()
     if not isinstance(space, gym.spaces.Box):
@@ -42,8 +44,8 @@ def make_torchrl_env(
             f"keys its own way), got {space}; use --collector vector"
         )
 
-    def make_one() -> GymEnv:
-        return GymEnv(name, categorical_action_encoding=True, device="cpu")
+    def make_one() -> GymWrapper:
+        return GymWrapper(make_env(name), categorical_action_encoding=True, device="cpu")
 
     transforms: list = [InitTracker()]
     if agent.state_keys:

@@ -1,0 +1,259 @@
+"""Env faults raise one ``EnvError`` naming the env and the problem, on every path.
+
+Each fault is a tiny env registered below under a test-only id (``rppo_td_test/Fault-*``);
+it behaves until step ``AT`` and then returns the fault (reset faults fire at the first
+reset). Every case runs through ``make_env`` (the single env evaluation and TorchRL use) and
+``make_vector_env`` (the trainer's and ``evaluate_agent``'s path).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rppo_td  # noqa: F401  (registers rppo_td/CartPoleNoVel-v1)
+from rppo_td.agent import RecurrentActorCritic
+from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env
+from rppo_td.evaluate import evaluate_agent
+from rppo_td.train._torchrl_collector import TorchRLCollector
+
+AT = 3
+
+
+class FaultyEnv(gym.Env):
+    """Box(2) float32 observations and Discrete(2) actions; ``fault`` from step ``AT`` on."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fault: str = "none") -> None:
+        if fault == "ctor_raises":
+            raise KeyError("missing_asset")
+        self.fault = fault
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        obs = np.zeros(2, dtype=np.float32)
+        if self.fault == "old_reset":
+            return obs
+        if self.fault == "reset_raises":
+            raise ValueError("cannot load level")
+        if self.fault == "reset_nan":
+            obs[1] = np.nan
+        return obs, {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(2, 0.1 * self.t, dtype=np.float32)
+        reward, terminated, truncated, info = 1.0, False, False, {}
+        if self.t < AT:
+            return obs, reward, terminated, truncated, info
+        fault = self.fault
+        if fault == "step_raises":
+            return 1 / 0
+        if fault == "old_step":
+            return obs, reward, False, info
+        if fault == "nan_obs":
+            obs[0] = np.nan
+        elif fault == "inf_obs":
+            obs[1] = -np.inf
+        elif fault == "final_nan":  # only the final observation of the episode is bad
+            obs[0], terminated = np.nan, True
+        elif fault == "wrong_shape":
+            obs = np.zeros(3, dtype=np.float32)
+        elif fault == "scalar_obs":
+            obs = np.float32(0.5)
+        elif fault == "string_obs":
+            obs = np.array(["a", "b"])
+        elif fault == "array_reward":
+            reward = np.array([1.0, 2.0])
+        elif fault == "size1_reward":
+            reward = np.array([1.0])
+        elif fault == "nan_reward":
+            reward = float("nan")
+        elif fault == "none_terminated":
+            terminated = None
+        elif fault == "string_truncated":
+            truncated = "no"
+        elif fault == "array_terminated":
+            terminated = np.array([True, False])
+        elif fault == "list_info":
+            info = []
+        return obs, reward, terminated, truncated, info
+
+
+class DiscreteObsEnv(FaultyEnv):
+    """Discrete(3) observations; from step ``AT`` on, 5 (out of range) or 1.5 (a float)."""
+
+    observation_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        obs = {"out_of_range": 5, "float_obs": 1.5}.get(self.fault, 1) if self.t >= AT else 1
+        return obs, 1.0, False, False, {}
+
+
+def _not_an_env():
+    return object()
+
+
+# fault -> a fragment the message must contain (besides the env id)
+FAULTS = {
+    "nan_obs": "observation contains NaN or inf: array([nan, 0.3]",
+    "inf_obs": "observation contains NaN or inf",
+    "reset_nan": "in reset(), observation contains NaN or inf",
+    "final_nan": "observation contains NaN or inf",
+    "wrong_shape": "observation has shape (3,), expected (2,)",
+    "scalar_obs": "observation has shape (), expected (2,)",
+    "string_obs": "observation has dtype <U1, expected one castable to float32",
+    "array_reward": "reward is an array of shape (2,) and dtype float64, expected a scalar",
+    "size1_reward": "reward is an array of shape (1,)",
+    "nan_reward": "reward is nan, expected a finite number",
+    "none_terminated": "terminated is None, expected a bool",
+    "string_truncated": "truncated is 'no' (str), expected a bool",
+    "array_terminated": "terminated is an array of shape (2,) and dtype bool, expected a bool",
+    "list_info": "info is [] (list), expected a dict",
+    "old_step": "step() returned 4 values (observation, reward, done, info), the old gym API",
+    "old_reset": "reset() returned an array of shape (2,) and dtype float32, expected a tuple",
+    "step_raises": "raised ZeroDivisionError in step(): division by zero",
+    "reset_raises": "raised ValueError in reset(): cannot load level",
+}
+DISCRETE_FAULTS = {
+    "out_of_range": "observation is 5, outside Discrete(3)",
+    "float_obs": "observation has dtype float64, expected one castable to int64",
+}
+CAUSES = {"step_raises": ZeroDivisionError, "reset_raises": ValueError}
+
+
+def _id(fault: str) -> str:
+    return f"rppo_td_test/Fault-{fault}-v0"
+
+
+for _fault in [*FAULTS, "none", "ctor_raises"]:
+    if _id(_fault) not in gym.registry:
+        gym.register(id=_id(_fault), entry_point=FaultyEnv, kwargs={"fault": _fault})
+for _fault in DISCRETE_FAULTS:
+    if _id(_fault) not in gym.registry:
+        gym.register(id=_id(_fault), entry_point=DiscreteObsEnv, kwargs={"fault": _fault})
+if _id("not_an_env") not in gym.registry:
+    gym.register(id=_id("not_an_env"), entry_point=_not_an_env)
+
+
+def _drive(env_id: str, how: str, steps: int = AT + 2) -> None:
+    """Resets and steps ``env_id`` built ``how``; a fault must raise before this returns."""
+    if how == "single":
+        env = make_env(env_id)
+        env.reset(seed=0)
+        for _ in range(steps):
+            env.step(0)
+    else:
+        vector = make_vector_env(env_id, 2)
+        vector.reset(seed=0)
+        for _ in range(steps):
+            vector.step(np.zeros(2, dtype=np.int64))
+
+
+def _check_message(err: EnvError, env_id: str, fragment: str) -> None:
+    message = str(err)
+    assert message.startswith(f"env {env_id!r}"), message
+    assert fragment in message, message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("how", ["single", "vector"])
+@pytest.mark.parametrize("fault", sorted(FAULTS) + sorted(DISCRETE_FAULTS))
+def test_fault_raises_env_error_naming_env_and_problem(fault, how):
+    fragment = FAULTS.get(fault) or DISCRETE_FAULTS[fault]
+    with pytest.raises(EnvError) as info:
+        _drive(_id(fault), how)
+    _check_message(info.value, _id(fault), fragment)
+    if fault in CAUSES:
+        assert isinstance(info.value.__cause__, CAUSES[fault])
+
+
+@pytest.mark.parametrize("how", ["single", "vector"])
+def test_healthy_env_runs(how):
+    _drive(_id("none"), how, steps=20)
+
+
+def test_vector_message_names_the_sub_env():
+    with pytest.raises(EnvError, match=re.escape("(sub-env 0 of 2): in step()")):
+        _drive(_id("nan_obs"), "vector")
+
+
+@pytest.mark.parametrize("make", [make_env, lambda env_id: make_vector_env(env_id, 2)])
+def test_constructor_faults_name_the_env(make):
+    with pytest.raises(EnvError) as info:
+        make(_id("ctor_raises"))
+    _check_message(info.value, _id("ctor_raises"), "raised KeyError while being built")
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(EnvError) as info:
+        make(_id("not_an_env"))
+    _check_message(info.value, _id("not_an_env"), "returned object, expected a gymnasium.Env")
+
+
+def test_our_message_comes_before_gymnasiums_passive_checker():
+    # with gymnasium's checker asked for, it sits above EnvChecker, which raises first
+    env = make_env(_id("old_step"), disable_env_checker=False)
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match="the old gym API"):
+        for _ in range(AT):
+            env.step(0)
+
+
+def test_step_before_reset_is_refused():
+    with pytest.raises(gym.error.ResetNeeded):
+        make_env(_id("none")).step(0)
+
+
+def test_evaluate_agent_raises_the_same_error():
+    env = make_env(_id("nan_obs"))
+    agent = RecurrentActorCritic(env.observation_space, env.action_space, hidden_size=8)
+    with pytest.raises(EnvError) as info:
+        evaluate_agent(agent, _id("nan_obs"), episodes=2, seed=0)
+    _check_message(info.value, _id("nan_obs"), FAULTS["nan_obs"])
+
+
+@pytest.mark.parametrize("fault", ["step_raises", "nan_obs", "old_step"])
+def test_torchrl_collector_raises_the_same_error(fault):
+    env = make_env(_id(fault))
+    agent = RecurrentActorCritic(env.observation_space, env.action_space, hidden_size=8)
+    collector = TorchRLCollector(_id(fault), agent, num_envs=2, rollout_steps=8, seed=0)
+    try:
+        with pytest.raises(EnvError) as info:
+            collector.rollout()
+    finally:
+        collector.close()
+    _check_message(info.value, _id(fault), FAULTS[fault])
+
+
+def test_checks_do_not_change_a_healthy_trajectory():
+    ours = make_vector_env(CARTPOLE_NOVEL_ID, 3)
+    plain = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(CARTPOLE_NOVEL_ID)] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    a, _ = ours.reset(seed=5)
+    b, _ = plain.reset(seed=5)
+    np.testing.assert_array_equal(a, b)
+    actions = np.random.default_rng(0).integers(0, 2, (60, 3))
+    for action in actions:
+        for x, y in zip(ours.step(action)[:4], plain.step(action)[:4], strict=True):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_checked_vector_env_pickles_its_sub_envs():
+    # checkpoints pickle the sub-envs (VectorCollector.state_dict)
+    env = make_vector_env(CARTPOLE_NOVEL_ID, 2)
+    env.reset(seed=0)
+    env.envs = pickle.loads(pickle.dumps(env.envs))
+    env.step(np.zeros(2, dtype=np.int64))
