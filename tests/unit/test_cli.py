@@ -124,7 +124,7 @@ def test_log_level_is_case_insensitive():
     [
         ("total_steps: [1, 2\n", "is not valid YAML at line 2"),
         ("output: 7\n", "output must be a string, got 7 (int)"),
-        ("num_workers: four\n", "num_workers must be an integer >= 1, got 'four'"),
+        ("num_workers: four\n", "num_workers must be an integer in [1, 100000], got 'four'"),
         ("gamma: [1]\n", "gamma must be a finite number in [0.0, 1.0], got [1]"),
         ("anneal_lr: 'yes'\n", "anneal_lr must be true or false, got 'yes'"),
         ("recurrence: 3\n", "recurrence must be one of ['lstm', 'gru', 'none'], got 3"),
