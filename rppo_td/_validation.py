@@ -27,6 +27,7 @@ __all__ = [
     "check_shape",
     "check_tensors",
     "check_time_dim",
+    "check_tensor_leaf",
     "check_unit_interval",
     "check_values",
     "done_consistent",
@@ -221,6 +222,24 @@ def check_device(named: dict[NestedKey, torch.Tensor]) -> None:
                 f"{_name(name)} is on {x.device}, but {_name(first_name)} is on {first.device}; "
                 "all must be on one device"
             )
+
+
+def check_tensor_leaf(key: NestedKey, value: object, device: torch.device, *, ids: str) -> None:
+    """Raises a ``ValueError`` unless ``value`` is a tensor on ``device``.
+
+    ``ids`` names what the device must match (the sequence ids, ``loss_mask``), for the
+    message; regrouping a leaf needs it beside its index.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(
+            f"key {_name(key)} holds {type(value).__name__}, not a tensor; only tensor leaves "
+            "can be regrouped (exclude it first)"
+        )
+    if value.device != device:
+        raise ValueError(
+            f"key {_name(key)} is on {value.device}, not on {device} like {ids}; move the "
+            "data to one device first (DeviceMover)"
+        )
 
 
 def check_unit_interval(name: str, value: object) -> None:

@@ -12,6 +12,7 @@ from rppo_td._validation import (
     check_dtype,
     check_not_padded,
     check_shape,
+    check_tensor_leaf,
     check_values,
     get_key,
     rollout_shape,
@@ -185,16 +186,7 @@ def gather_sequences(
     source: dict = {}
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(
-                f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor leaves "
-                "can be regrouped into sequences (exclude it first)"
-            )
-        if value.device != flat.device:
-            raise ValueError(
-                f"key {key!r} is on {value.device}, but the sequence ids are on {flat.device}; "
-                "move the rollout to one device first (DeviceMover)"
-            )
+        check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
         dest = None if out is None else out[key][: flat.shape[0]]
         _put(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
     # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key

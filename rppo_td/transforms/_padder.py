@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
-from rppo_td._validation import check_dtype, check_not_meta, check_shape, get_key, none_true
+from rppo_td._validation import (
+    check_dtype,
+    check_not_meta,
+    check_shape,
+    check_tensor_leaf,
+    get_key,
+    none_true,
+)
 from rppo_td.functional._padding import unpad_rows
 from rppo_td.transforms._base import RolloutTransform
 from rppo_td.transforms._layout import SequenceLayout
@@ -155,16 +162,7 @@ class SequencePadder(RolloutTransform):
         ):
             if key in own:
                 continue
-            if not isinstance(value, torch.Tensor):
-                raise ValueError(
-                    f"key {key!r} holds {type(value).__name__}, not a tensor; only tensor "
-                    "leaves can be put back into the rollout (exclude it first)"
-                )
-            if value.device != real.device:
-                raise ValueError(
-                    f"key {key!r} is on {value.device}, but {keys.loss_mask!r} is on "
-                    f"{real.device}; move the sequences to one device first (DeviceMover)"
-                )
+            check_tensor_leaf(key, value, real.device, ids=repr(keys.loss_mask))
             flat = unpad_rows(value, dest, real, num_steps)
             out.set(key, flat.view(num_workers, num_time, *flat.shape[1:]))
         return out

@@ -607,14 +607,14 @@ def test_leaves_on_another_device_than_the_ids_are_named():
     td.clear_device_()
     td["elsewhere"] = torch.zeros(2, 5, device="meta")
     with pytest.raises(
-        ValueError, match=re.escape("key 'elsewhere' is on meta, but the sequence ids are on cpu")
+        ValueError, match=re.escape("key 'elsewhere' is on meta, not on cpu like the sequence ids")
     ):
         SequencePadder()(td)
     padded = SequencePadder()(_chunked())
     padded.clear_device_()
     padded["elsewhere"] = torch.zeros(*padded.batch_size, device="meta")
     with pytest.raises(
-        ValueError, match=re.escape("key 'elsewhere' is on meta, but 'loss_mask' is on cpu")
+        ValueError, match=re.escape("key 'elsewhere' is on meta, not on cpu like 'loss_mask'")
     ):
         SequencePadder().inv(padded)
     inputs = _gae_inputs()
