@@ -19,6 +19,9 @@ __all__ = ["evaluate_agent", "main"]
 
 log = logging.getLogger(__name__)
 
+# evaluation runs one env per episode, all at once
+MAX_EPISODES = 10_000
+
 
 def evaluate_agent(
     agent: RecurrentActorCritic,
@@ -90,12 +93,16 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = ShortErrorParser(prog="rppo-eval", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or its run directory")
-    parser.add_argument("--episodes", type=int, default=20, help="episodes (default 20)")
+    parser.add_argument(
+        "--episodes", type=int, default=20, help=f"episodes, 1 to {MAX_EPISODES} (default 20)"
+    )
     parser.add_argument("--seed", type=int, default=10_000, help="env seed (default 10000)")
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
     args = parser.parse_args(argv)
-    if args.episodes < 1:
-        parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    if not 1 <= args.episodes <= MAX_EPISODES:
+        parser.error(
+            f"--episodes must be in [1, {MAX_EPISODES}] (one env each), got {args.episodes}"
+        )
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")

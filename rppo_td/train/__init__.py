@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
@@ -29,19 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit status.
 
     0: the run finished. 2: bad settings, a bad checkpoint or output directory (one line on
-    stderr, nothing trained). 1: the run failed (an env fault or a refused input during
-    training; the last checkpoint is kept). 130: stopped by a signal, a checkpoint saved, or
+    stderr, nothing trained). 1: the run failed (an env fault, a refused input or a full disk
+    during training; the last checkpoint is kept). 130: stopped by a signal, a checkpoint saved, or
     aborted by a second Ctrl-C, the last checkpoint kept.
     """
     from rppo_td.envs import EnvError
 
     config, given = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
+    # a writer thread's failure (TensorBoard's, on a full disk) is one log line, not a trace;
+    # the main thread then fails on its own write and stops the run
+    threading.excepthook = _thread_error
     try:
         trainer = Trainer(config, given=given)
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
         return 1 if isinstance(err, EnvError) else 2
+    except OSError as err:  # a full disk, say, while reading or writing the run's files
+        _error(f"cannot read or write the run's files: {err}")
+        return 1
     try:
         summary = trainer.run()
     except KeyboardInterrupt:
@@ -49,12 +56,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
         return 1
+    except OSError as err:  # the run's log names the checkpoint that is kept
+        _error(f"cannot write the run's files in {str(trainer.directory)!r}: {err}")
+        return 1
     if summary is None:
         return 130
     print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201 (final output)
     return 0
 
 
-def _error(err: BaseException) -> None:
+def _thread_error(args: threading.ExceptHookArgs) -> None:
+    name = args.thread.name if args.thread is not None else "a thread"
+    logging.getLogger(__name__).error(
+        "%s failed: %s: %s", name, getattr(args.exc_type, "__name__", "error"), args.exc_value
+    )
+
+
+def _error(err: BaseException | str) -> None:
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
     print(f"rppo-train: error: {message}", file=sys.stderr)  # noqa: T201

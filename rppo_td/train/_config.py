@@ -159,7 +159,7 @@ class TrainConfig:
     )
     checkpoint_every: int = _doc("updates between checkpoints", default=20, low=1)
     eval_episodes: int = _doc(
-        "deterministic evaluation episodes at the end", default=20, low=0, high=100_000
+        "deterministic evaluation episodes at the end", default=20, low=0, high=10_000
     )
     progress: bool = _doc("show a progress bar", default=True)
     log_level: str = _doc("logging level", default="INFO", choices=LOG_LEVELS)

@@ -352,13 +352,20 @@ class Trainer:
                     if stopped:
                         break
         except BaseException:
-            log.error(
-                "the run stopped during update %d; the last checkpoint (update %d) is kept: "
-                "continue with --resume %s",
-                self.counters["update"] + 1,
-                saved_update,
-                self.directory,
-            )
+            if saved_update:
+                log.error(
+                    "the run stopped during update %d; the last checkpoint (update %d) is "
+                    "kept: continue with --resume %s",
+                    self.counters["update"] + 1,
+                    saved_update,
+                    self.directory,
+                )
+            else:
+                log.error(
+                    "the run stopped during update %d, before its first checkpoint: start "
+                    "it again with --overwrite",
+                    self.counters["update"] + 1,
+                )
             raise
         finally:
             bar.close()

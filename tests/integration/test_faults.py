@@ -72,6 +72,22 @@ sys.exit(main(sys.argv[4:]))
 """
 
 
+# A trainer whose disk fills up while it writes the checkpoint of one update.
+FULL_DISK = """
+import errno, sys, torch
+update = int(sys.argv[1])
+real_save = torch.save
+def full_save(obj, f, *args, **kwargs):
+    if isinstance(obj, dict) and obj.get("counters", {}).get("update") == update:
+        f.write(b"PK\\x03\\x04 half a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real_save(obj, f, *args, **kwargs)
+torch.save = full_save
+from rppo_td.train import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def _command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "rppo_td.train", *SETTINGS, "--output", str(out), *extra]
 
@@ -237,6 +253,19 @@ def test_double_sigint_during_a_save_completes_it(reference, tmp_path):
     assert code == 130, err[-2000:]
     assert load_checkpoint(out)["counters"]["update"] == 9
     assert len(_rows(out)) == 9
+    _resume(out)
+    _assert_same_as(reference, out)
+
+
+def test_full_disk_during_a_save_keeps_the_last_checkpoint(reference, tmp_path):
+    out = tmp_path / "run"
+    result = _run([sys.executable, "-c", FULL_DISK, "9", *_command(out)[3:]])
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "No space left on device" in result.stderr.strip().splitlines()[-1]
+    assert "last checkpoint (update 6) is kept" in result.stderr
+    assert load_checkpoint(out)["counters"]["update"] == 6
+    assert not list(out.glob("*.tmp"))
     _resume(out)
     _assert_same_as(reference, out)
 

@@ -269,3 +269,11 @@ def test_resume_into_another_output_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--resume", str(out), "--output", str(tmp_path / "elsewhere")]) == 2
     assert "is not the resumed run's directory" in capsys.readouterr().err
+
+
+def test_eval_episodes_are_bounded(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        eval_main(["--checkpoint", "x", "--episodes", "100000000"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--episodes must be in [1, 10000]" in err and len(err.strip().splitlines()) == 1
