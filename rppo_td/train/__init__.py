@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     threading.excepthook = _thread_error
     try:
         trainer = Trainer(config, given=given)
+    except KeyboardInterrupt:
+        print("rppo-train: interrupted during start-up; nothing trained", file=sys.stderr)  # noqa: T201
+        return 130
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
         return 1 if isinstance(err, EnvError) else 2
@@ -52,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = trainer.run()
     except KeyboardInterrupt:
+        if trainer.counters["update"] == trainer.config.num_updates:
+            _error(
+                "interrupted during the final evaluation; the checkpoint of the last update "
+                f"is kept: --resume {trainer.directory} evaluates it"
+            )
         return 130
     except (ValueError, KeyError, EnvError) as err:
         _error(err)

@@ -219,15 +219,6 @@ class Trainer:
             return None
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
-        try:
-            self.agent.load_state_dict(checkpoint["model"])
-            self.optimizer.load_state_dict(checkpoint["optimizer"])
-            set_rng_state(checkpoint["rng"], self.generator)
-        except (RuntimeError, KeyError, TypeError, ValueError) as err:
-            raise ValueError(
-                f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
-                f"builds ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
-            ) from None
         envs = None
         if hasattr(self.collector, "env_copies"):
             envs = load_env_state(self.directory, checkpoint.get("env_state"))
@@ -236,9 +227,19 @@ class Trainer:
                     "no usable env state beside the checkpoint: the envs restart from a reset "
                     "(the run continues, but not exactly as an uninterrupted one would)"
                 )
-            self.collector.load_state_dict(checkpoint["collector"], envs)
-        else:
-            self.collector.load_state_dict(checkpoint["collector"])
+        try:
+            self.agent.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            set_rng_state(checkpoint["rng"], self.generator)
+            if hasattr(self.collector, "env_copies"):
+                self.collector.load_state_dict(checkpoint["collector"], envs)
+            else:
+                self.collector.load_state_dict(checkpoint["collector"])
+        except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            raise ValueError(
+                f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
+                f"builds ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+            ) from None
         self.counters = dict(checkpoint["counters"])
         self.recent.extend(checkpoint["recent_returns"])
         self.recent_lengths.extend(checkpoint["recent_lengths"])
