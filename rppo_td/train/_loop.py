@@ -30,6 +30,8 @@ from rppo_td.train._checkpoint import (
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._outputs import (
     MetricsLog,
+    fcntl_available,
+    lock_run_directory,
     plot_learning_curve,
     prepare_run_directory,
     write_json_atomic,
@@ -97,35 +99,38 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
+        self._lock = None
         checkpoint = None
         if config.resume:
-            file = checkpoint_file(config.resume)
-            if not file.exists() and (file.parent / "metrics.csv").exists():
-                raise ValueError(
-                    f"no checkpoint at {str(file)!r}: the run there stopped before its first "
-                    "checkpoint; start it afresh with --overwrite"
-                )
-            checkpoint = load_checkpoint(config.resume)
-            where = f"the config in {str(checkpoint_file(config.resume))!r}"
-            saved = TrainConfig.from_dict(checkpoint["config"], where=where)
             run_directory = checkpoint_file(config.resume).parent
-            given = {**(given or {}), "resume": config.resume}
-            if "output" in given and Path(given["output"]).resolve() != run_directory.resolve():
-                raise ValueError(
-                    f"output={given['output']!r} is not the resumed run's directory "
-                    f"{str(run_directory)!r}; a run resumes in its own directory"
-                )
-            given["output"] = str(run_directory)
-            config = check_resumable(saved, given)
+            # lock first: a run still writing there must not be read halfway
+            if run_directory.is_dir():
+                self._lock = lock_run_directory(run_directory)
+            try:
+                checkpoint, config = _resumed_config(config, given, run_directory)
+            except BaseException:
+                self.release()
+                raise
         self.config = config
-        self.device = _check_device(config.device)
-        self.directory = config.output_dir()
-        prepare_run_directory(
-            self.directory,
-            resuming=checkpoint is not None,
-            overwrite=config.overwrite,
-            keep=None if checkpoint is None else (checkpoint.get("env_state") or {}).get("file"),
-        )
+        try:
+            self.device = _check_device(config.device)
+            self.directory = config.output_dir()
+            lock = prepare_run_directory(
+                self.directory,
+                resuming=checkpoint is not None,
+                overwrite=config.overwrite,
+                keep=None
+                if checkpoint is None
+                else (checkpoint.get("env_state") or {}).get("file"),
+                lock=self._lock is None,
+            )
+            self._lock = self._lock or lock
+            self._build(config, checkpoint)
+        except BaseException:
+            self.release()
+            raise
+
+    def _build(self, config: TrainConfig, checkpoint: dict[str, Any] | None) -> None:
         if config.threads:
             torch.set_num_threads(config.threads)
         self.generator = seed_everything(config.seed)
@@ -309,6 +314,17 @@ class Trainer:
             **stats,
         }
 
+    def release(self) -> None:
+        """Releases the output directory's lock (``run`` does when it returns or raises)."""
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()
+            self._lock = None
+
+    def __del__(self) -> None:
+        # a trainer built but never run still lets go of its directory
+        self.release()
+
     def run(self, *, stop_after_updates: int | None = None) -> dict[str, Any] | None:
         """Trains to ``total_steps``; returns the summary, or None if stopped early.
 
@@ -320,6 +336,14 @@ class Trainer:
             stop_after_updates: stop (as on SIGTERM) once this many updates are done; for
                 tests of ``--resume``.
         """
+        if self._lock is None and fcntl_available():
+            self._lock = lock_run_directory(self.directory)
+        try:
+            return self._run(stop_after_updates)
+        finally:
+            self.release()
+
+    def _run(self, stop_after_updates: int | None) -> dict[str, Any] | None:
         c = self.config
         resume_from = None
         if self.resumed:
@@ -407,6 +431,33 @@ class Trainer:
         }
         write_json_atomic(self.directory / "summary.json", summary)
         return summary
+
+
+def _resumed_config(
+    config: TrainConfig, given: dict[str, Any] | None, run_directory: Path
+) -> tuple[dict[str, Any], TrainConfig]:
+    """The checkpoint ``config.resume`` names and the config resuming it.
+
+    Raises:
+        ValueError: no checkpoint (naming why), a bad one, or settings that would change the
+            experiment.
+    """
+    file = checkpoint_file(config.resume)
+    if not file.exists() and (run_directory / "metrics.csv").exists():
+        raise ValueError(
+            f"no checkpoint at {str(file)!r}: the run there stopped before its first "
+            "checkpoint; start it afresh with --overwrite"
+        )
+    checkpoint = load_checkpoint(file)
+    saved = TrainConfig.from_dict(checkpoint["config"], where=f"the config in {str(file)!r}")
+    given = {**(given or {}), "resume": config.resume}
+    if "output" in given and Path(given["output"]).resolve() != run_directory.resolve():
+        raise ValueError(
+            f"output={given['output']!r} is not the resumed run's directory "
+            f"{str(run_directory)!r}; a run resumes in its own directory"
+        )
+    given["output"] = str(run_directory)
+    return checkpoint, check_resumable(saved, given)
 
 
 def _plot(directory: Path, *, title: str) -> None:

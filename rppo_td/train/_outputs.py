@@ -8,12 +8,19 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: runs there are not locked
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "SUMMARY_KEYS",
     "METRIC_FIELDS",
     "MetricsLog",
+    "fcntl_available",
+    "lock_run_directory",
     "plot_learning_curve",
     "prepare_run_directory",
     "write_json_atomic",
@@ -135,19 +142,60 @@ RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.csv", "events.out.tfevent
 OTHER_OUTPUTS = ("learning_curve.png",)
 
 
+LOCK_NAME = ".rppo_td.lock"
+
+
+def fcntl_available() -> bool:
+    """Whether run directories can be locked here (POSIX ``flock``)."""
+    return fcntl is not None
+
+
+def lock_run_directory(directory: Path) -> IO[str] | None:
+    """Takes the directory's lock for this process, or refuses if another process holds it.
+
+    The lock is an ``flock`` on ``.rppo_td.lock``: the system drops it when its holder
+    exits, however it exits, so a killed run never leaves a stale lock. Close the returned
+    file to release it. Without ``fcntl`` (Windows) nothing is locked and None is returned.
+
+    Raises:
+        ValueError: another process (or another run in this one) uses the directory.
+    """
+    if fcntl is None:
+        return None
+    handle = (directory / LOCK_NAME).open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise ValueError(
+            f"output directory {str(directory)!r} is in use by another rppo-train run; wait "
+            "for it to end, or choose another --output"
+        ) from None
+    return handle
+
+
 def prepare_run_directory(
-    directory: Path, *, resuming: bool, overwrite: bool = False, keep: str | None = None
-) -> None:
-    """Creates the output directory and protects a run already in it.
+    directory: Path,
+    *,
+    resuming: bool,
+    overwrite: bool = False,
+    keep: str | None = None,
+    lock: bool = True,
+) -> IO[str] | None:
+    """Creates and locks the output directory, and protects a run already in it.
 
     A fresh run into a directory holding a run's files is refused unless ``overwrite``,
     which deletes those files (and no others). Leftover ``*.tmp`` files of an interrupted
     write are removed, and so are env-state files other than ``keep`` (the one the
     checkpoint being resumed names).
 
+    Returns:
+        The directory's lock (``lock_run_directory``), held until it is closed; None with
+        ``lock=False`` (the caller holds it already).
+
     Raises:
-        ValueError: the directory cannot be created or written, or holds a run while
-            neither ``resuming`` nor ``overwrite``.
+        ValueError: the directory cannot be created or written, is in use by another run, or
+            holds a run while neither ``resuming`` nor ``overwrite``.
     """
     where = repr(str(directory))
     try:
@@ -158,6 +206,18 @@ def prepare_run_directory(
         raise ValueError(
             f"output directory {where} cannot be created or written ({err.strerror or err})"
         ) from None
+    handle = lock_run_directory(directory) if lock else None
+    try:
+        _protect(directory, resuming=resuming, overwrite=overwrite, keep=keep)
+    except BaseException:
+        if handle is not None:
+            handle.close()
+        raise
+    return handle
+
+
+def _protect(directory: Path, *, resuming: bool, overwrite: bool, keep: str | None) -> None:
+    where = repr(str(directory))
     found = sorted({p.name for pattern in RUN_FILES for p in directory.glob(pattern)})
     if found and not resuming:
         if not overwrite:

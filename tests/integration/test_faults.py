@@ -421,3 +421,20 @@ def test_a_fresh_run_never_replaces_a_run(reference, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     _assert_same_as(reference, out)
     assert len(list(out.glob("events.out.tfevents.*"))) == 1
+
+
+def test_two_runs_never_share_a_directory(reference, tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "saving"
+    # the first run stalls in its save of update 3, holding the directory
+    first = _start([sys.executable, "-c", SLOW_SAVE, str(marker), "3", "60", *_command(out)[3:]])
+    _wait(marker.exists, first, "the save of update 3")
+    for args in (_command(out, "--overwrite"), [*_command(out)[:3], "--resume", str(out)]):
+        result = _run(args)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert "in use by another rppo-train run" in result.stderr
+    first.send_signal(signal.SIGKILL)
+    _finish(first)
+    # the kill released the lock: the run resumes (from scratch: no checkpoint was complete)
+    result = _run(_command(out, "--overwrite"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    _assert_same_as(reference, out)
