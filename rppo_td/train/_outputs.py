@@ -8,7 +8,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 try:
     import fcntl
@@ -142,7 +142,32 @@ RUN_FILES = ("checkpoint.pt", "summary.json", "metrics.csv", "events.out.tfevent
 OTHER_OUTPUTS = ("learning_curve.png",)
 
 
-LOCK_NAME = ".rppo_td.lock"
+class DirectoryLock:
+    """An exclusive ``flock`` on a directory itself, held until ``close()``.
+
+    Locking the directory's own descriptor writes no file into it, and the system drops the
+    lock when its holder exits, however it exits, so a killed run never leaves a stale lock.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._fd: int | None = os.open(directory, os.O_RDONLY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.close()
+            raise ValueError(
+                f"output directory {str(directory)!r} is in use by another rppo-train run; "
+                "wait for it to end, or choose another --output"
+            ) from None
+
+    def close(self) -> None:
+        """Releases the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def fcntl_available() -> bool:
@@ -150,28 +175,15 @@ def fcntl_available() -> bool:
     return fcntl is not None
 
 
-def lock_run_directory(directory: Path) -> IO[str] | None:
-    """Takes the directory's lock for this process, or refuses if another process holds it.
+def lock_run_directory(directory: Path) -> DirectoryLock | None:
+    """Takes ``directory``'s lock for this process (``DirectoryLock``).
 
-    The lock is an ``flock`` on ``.rppo_td.lock``: the system drops it when its holder
-    exits, however it exits, so a killed run never leaves a stale lock. Close the returned
-    file to release it. Without ``fcntl`` (Windows) nothing is locked and None is returned.
+    Without ``fcntl`` (Windows) nothing is locked and None is returned.
 
     Raises:
         ValueError: another process (or another run in this one) uses the directory.
     """
-    if fcntl is None:
-        return None
-    handle = (directory / LOCK_NAME).open("a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise ValueError(
-            f"output directory {str(directory)!r} is in use by another rppo-train run; wait "
-            "for it to end, or choose another --output"
-        ) from None
-    return handle
+    return DirectoryLock(directory) if fcntl is not None else None
 
 
 def prepare_run_directory(
@@ -181,7 +193,7 @@ def prepare_run_directory(
     overwrite: bool = False,
     keep: str | None = None,
     lock: bool = True,
-) -> IO[str] | None:
+) -> DirectoryLock | None:
     """Creates and locks the output directory, and protects a run already in it.
 
     A fresh run into a directory holding a run's files is refused unless ``overwrite``,
