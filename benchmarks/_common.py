@@ -12,7 +12,6 @@ import gc
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -134,17 +133,15 @@ def nbytes(td: TensorDictBase) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# The loop reference (tests/reference.py, written alongside the test suite)
+# The loop reference (rppo_td.testing.reference, the test kit's oracle)
 # --------------------------------------------------------------------------------------------
 def load_reference():
-    """Imports ``tests/reference.py`` as a module, or returns None when it is not there."""
-    if not (REPO / "tests" / "reference.py").exists():
+    """``rppo_td.testing.reference``, or None without hypothesis (the ``test`` extra)."""
+    try:
+        from rppo_td.testing import reference
+    except ImportError:
         return None
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    import importlib
-
-    return importlib.import_module("tests.reference")
+    return reference
 
 
 # --------------------------------------------------------------------------------------------

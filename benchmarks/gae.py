@@ -11,7 +11,8 @@ step bootstrap.
 - ``torchrl loop``: ``torchrl.objectives.value.functional.generalized_advantage_estimate``.
 - ``torchrl vec``: ``vec_generalized_advantage_estimate`` (its fast path for scalar gamma and
   lambda).
-- ``loop reference``: ``tests/reference.py``'s ``reference_gae``, one number at a time, float64.
+- ``loop reference``: ``rppo_td.testing.reference``'s ``reference_gae``, one number at a time,
+  float64.
 
 The three vectorised candidates are timed interleaved, then the reference once.
 Exactness: the largest absolute difference of each candidate's advantage from the reference;
@@ -115,7 +116,10 @@ def main() -> None:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 15)
     reference = load_reference()
     if reference is None:
-        print("tests/reference.py not found: exactness is checked against TorchRL's loop")
+        print(
+            "rppo_td.testing needs hypothesis (the test extra): exactness is checked against "
+            "TorchRL's loop"
+        )
 
     results = []
     for workers, steps in QUICK_SHAPES if args.quick else SHAPES:

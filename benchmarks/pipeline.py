@@ -9,8 +9,8 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
   the epoch is written into one buffer (what the trainer uses), so no fresh pages per minibatch.
 - ``rppo_td padded``: the same, but through ``SequencePadder`` first (a padded copy of the
   whole rollout) and the sampler indexing that copy.
-- ``loop reference``: ``tests/reference.py`` (GAE, episode ids, sequences and padding by Python
-  loops), then the same epoch of minibatches by indexing its padded output. CPU only; timed
+- ``loop reference``: ``rppo_td.testing.reference`` (GAE, episode ids, sequences and padding by
+  Python loops), then the same epoch of minibatches by indexing its padded output. CPU only; timed
   once, after the others.
 - ``torchrl split``: ``torchrl.collectors.utils.split_trajectories`` alone, given the episode
   ids as ``("collector", "traj_ids")`` as a collector would (it does less: no GAE, no chunking).
@@ -362,7 +362,7 @@ def main() -> None:
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 7)
     reference = load_reference()
     if reference is None:
-        print("tests/reference.py not found: the loop reference column is left out")
+        print("rppo_td.testing needs hypothesis: the loop reference column is left out")
     results = []
     for shape in shapes:
         print(f"{shape.name} ...", flush=True)

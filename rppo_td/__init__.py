@@ -8,6 +8,7 @@ right-padded sequences ``[B, Lp]`` with a ``loss_mask``.
 import rppo_td.envs  # noqa: F401  (registers rppo_td/CartPoleNoVel-v1)
 from rppo_td import functional
 from rppo_td._keys import RolloutKeys
+from rppo_td.objectives import GAEEstimator, RecurrentPPOLoss
 from rppo_td.sampling import SequenceReplaySampler, SequenceSampler
 from rppo_td.transforms import (
     GAE,
@@ -24,6 +25,8 @@ __all__ = [
     "GAE",
     "DeviceMover",
     "EpisodeSplitter",
+    "GAEEstimator",
+    "RecurrentPPOLoss",
     "RolloutKeys",
     "SequenceChunker",
     "SequenceLayout",

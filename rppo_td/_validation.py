@@ -306,6 +306,31 @@ def check_sequence_length(value: object) -> None:
         raise ValueError(f"sequence_length must be an int >= 1 or None, got {value!r}")
 
 
+def check_pad_to(value: object) -> None:
+    """Raises a ``ValueError`` unless ``value`` is an int ``>= 1`` or None."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"pad_to must be an int >= 1 or None, got {value!r}")
+
+
+COLLECTOR_MASK: tuple[str, str] = ("collector", "mask")
+"""The key TorchRL's ``split_trajectories`` (``Collector(split_trajs=True)``) writes."""
+
+
+def check_not_split_trajs(td: TensorDictBase, who: str) -> None:
+    """Refuses TorchRL's own padded trajectories (``Collector(split_trajs=True)``).
+
+    Their ``[num_trajs, max_len]`` batch holds padding that would be read as real steps; the
+    check is the presence of ``("collector", "mask")``, with no device synchronisation.
+    """
+    if td.get(COLLECTOR_MASK, None) is not None:
+        raise ValueError(
+            f"{who} got trajectories padded by TorchRL ({COLLECTOR_MASK!r} is present: "
+            "Collector(split_trajs=True) or torchrl's split_trajectories), whose padding would "
+            "count as real steps. Collect with split_trajs=False (the default) and give "
+            f"{who} the [W, T] rollout: rppo_td splits episodes itself (EpisodeSplitter)"
+        )
+
+
 def check_balance(value: object) -> None:
     """Raises a ``ValueError`` unless ``value`` is ``"steps"`` or ``"sequences"``."""
     if value not in ("steps", "sequences"):

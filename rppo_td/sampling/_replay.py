@@ -31,6 +31,13 @@ class SequenceReplaySampler(Sampler):
     The stored ``loss_mask`` must hold a True prefix of at least one real step in every row
     (checked in the sync that plans each epoch); else a ``ValueError`` names the key.
 
+    Each ``for mb in rb`` loop is one full epoch (TorchRL sets ``ran_out = False`` to start
+    it). To reuse one buffer across updates (``rb.empty()``, then ``rb.extend`` the next
+    rollout's sequences), pad with ``SequencePadder(pad_to=L)``: a ``LazyTensorStorage`` fixes
+    ``[Lp]`` at its first ``extend``, ``Lp`` otherwise varies with the data, and the storage
+    raises its own ``RuntimeError`` (before this sampler runs) when it changes. Emptying the
+    buffer also drops the rest of the current epoch.
+
     Args:
         num_minibatches: ``M >= 1`` groups per epoch.
         generator: source of the order; None uses the buffer's generator, else torch's global.

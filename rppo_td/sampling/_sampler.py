@@ -14,6 +14,7 @@ from rppo_td._validation import (
     check_dtype,
     check_generator,
     check_not_meta,
+    check_pad_to,
     check_shape,
     get_key,
     none_true,
@@ -92,6 +93,10 @@ class SequenceSampler:
             None uses torch's global one.
         balance: ``"steps"`` or ``"sequences"``.
         reuse_memory: write every minibatch of an epoch into the same buffer (see above).
+        pad_to: optional fixed ``Lp`` for rollout input, as ``SequencePadder(pad_to=...)``:
+            minibatches are ``[B, pad_to]``, the same as sampling
+            ``SequencePadder(pad_to=pad_to)``'s output. Padded input must then already be
+            ``[N, pad_to]`` (else a ``ValueError`` names ``pad_to``).
         keys: key overrides.
 
     Example:
@@ -111,9 +116,12 @@ class SequenceSampler:
         generator: torch.Generator | None = None,
         balance: Balance = "steps",
         reuse_memory: bool = False,
+        pad_to: int | None = None,
         keys: RolloutKeys | None = None,
     ) -> None:
         check_minibatch_args(num_minibatches, balance, generator)
+        check_pad_to(pad_to)
+        self.pad_to = pad_to
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance
@@ -148,6 +156,12 @@ class SequenceSampler:
                 "SequenceSampler expects padded sequences with batch dims [N, Lp], got batch "
                 f"size {list(td.batch_size)}"
             )
+        if self.pad_to is not None and td.batch_size[1] != self.pad_to:
+            raise ValueError(
+                f"SequenceSampler(pad_to={self.pad_to}) got padded sequences of length "
+                f"{td.batch_size[1]} (batch size {list(td.batch_size)}): pad them with "
+                f"SequencePadder(pad_to={self.pad_to}), or give the sampler the chunked rollout"
+            )
         mask = get_key(td, self.keys.loss_mask)
         check_shape(self.keys.loss_mask, mask, td.batch_size)
         check_dtype(self.keys.loss_mask, mask, torch.bool)
@@ -157,7 +171,7 @@ class SequenceSampler:
         return (td[index] for index in groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
-        layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler")
+        layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
         # the groups are the plan's own: in range, so gather_sequences skips the index check
         if not self.reuse_memory:

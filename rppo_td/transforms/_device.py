@@ -26,7 +26,7 @@ class DeviceMover(RolloutTransform):
         device: the target device.
         keys: optional sequence of keys to move (a list, even for one key: a bare ``str`` is
             refused with a ``TypeError``); the rest are kept as they are. Each must hold a
-            tensor.
+            tensor. They are the ``in_keys`` and ``out_keys`` (empty: every key).
 
     Example:
         >>> import torch
@@ -46,6 +46,21 @@ class DeviceMover(RolloutTransform):
             raise ValueError(f"device {device!r} is not a torch device: {error}") from None
         _check_available(self.device)
         self.move_keys = None if keys is None else check_key_list("keys", keys)
+        self.in_keys = self.out_keys = [] if self.move_keys is None else list(self.move_keys)
+
+    def set_keys(self, **kwargs: NestedKey) -> DeviceMover:
+        """Refused: DeviceMover reads no ``RolloutKeys``; it moves the ``keys`` it was given.
+
+        Any keyword is a ``ValueError`` (as TorchRL's ``set_keys`` refuses names it does not
+        know); build another ``DeviceMover(device, keys=[...])`` to move other keys.
+        """
+        if kwargs:
+            raise ValueError(
+                f"DeviceMover.set_keys got {sorted(kwargs)}, but DeviceMover has no named keys: "
+                f"it moves {'every key' if self.move_keys is None else self.move_keys}; build "
+                "DeviceMover(device, keys=[...]) to move others"
+            )
+        return self
 
     def _fast_path(self, source: torch.device | None) -> bool:
         return self.device.type == "cuda" and (source is None or source.type == "cpu")
@@ -68,8 +83,8 @@ class DeviceMover(RolloutTransform):
             out.set(key, self._move(get_key(tensordict, key)))
         return out
 
-    def extra_repr(self) -> str:
-        return f"device={self.device}, keys={self.move_keys}"
+    def _repr_args(self) -> str:
+        return f"device={self.device}"
 
 
 def _check_available(device: torch.device) -> None:

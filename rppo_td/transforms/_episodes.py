@@ -11,6 +11,7 @@ from rppo_td._validation import (
     check_dtype,
     check_not_meta,
     check_not_padded,
+    check_not_split_trajs,
     check_sequence_length,
     check_shape,
     check_values,
@@ -48,11 +49,16 @@ class EpisodeSplitter(RolloutTransform):
     ``done`` must be ``terminated | truncated`` (with one flag only, that flag must imply
     ``done``): one device synchronisation checks it, so that GAE and the splitter agree on
     every episode end. Refused with a ``ValueError`` or ``KeyError`` naming the key: padded
-    sequences (``loss_mask`` present), wrong shapes or dtypes, inconsistent flags, no ``done``
+    sequences (``loss_mask`` present), TorchRL's own padded trajectories
+    (``Collector(split_trajs=True)``: ``("collector", "mask")`` present; collect with
+    ``split_trajs=False``, the default), wrong shapes or dtypes, inconsistent flags, no ``done``
     and no flags to make it. A ``[W, 0]`` or ``[0, T]`` rollout gets an empty id key.
 
     Args:
-        keys: key overrides.
+        keys: key overrides (also ``set_keys(...)`` after construction).
+
+    ``in_keys`` are ``done``, ``is_init``, ``terminated`` and ``truncated`` (each read when
+    present: ``done``, or both flags to make it); ``out_keys`` is ``episode_id``.
 
     Example:
         >>> import torch
@@ -64,10 +70,14 @@ class EpisodeSplitter(RolloutTransform):
                 [2, 2, 2, 2]])
     """
 
+    _in_fields = ("done", "is_init", "terminated", "truncated")
+    _out_fields = ("episode_id",)
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
         shape = rollout_shape(tensordict, "EpisodeSplitter")
         check_not_padded(tensordict, keys.loss_mask, "EpisodeSplitter")
+        check_not_split_trajs(tensordict, "EpisodeSplitter")
         is_init = self._optional(tensordict, keys.is_init, shape)
         terminated = self._optional(tensordict, keys.terminated, shape)
         truncated = self._optional(tensordict, keys.truncated, shape)
@@ -118,7 +128,9 @@ class SequenceChunker(RolloutTransform):
 
     Args:
         sequence_length: ``L >= 1``, or None for whole episode fragments.
-        keys: key overrides.
+        keys: key overrides (also ``set_keys(...)`` after construction).
+
+    ``in_keys`` is ``episode_id``; ``out_keys`` are ``sequence_id`` and ``sequence_offset``.
 
     Example:
         >>> import torch
@@ -129,10 +141,16 @@ class SequenceChunker(RolloutTransform):
         (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
     """
 
+    _in_fields = ("episode_id",)
+    _out_fields = ("sequence_id", "sequence_offset")
+
     def __init__(self, *, sequence_length: int | None, keys: RolloutKeys | None = None) -> None:
         super().__init__(keys=keys)
         check_sequence_length(sequence_length)
         self.sequence_length = sequence_length
+
+    def _repr_args(self) -> str:
+        return f"sequence_length={self.sequence_length}"
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = rollout_shape(tensordict, "SequenceChunker")

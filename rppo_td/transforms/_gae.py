@@ -10,6 +10,7 @@ from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
     check_dtype,
     check_not_padded,
+    check_not_split_trajs,
     check_unit_interval,
     get_key,
     rollout_shape,
@@ -38,7 +39,9 @@ class GAE(RolloutTransform):
 
     Refused with a ``ValueError`` or ``KeyError`` naming the key: padded sequences (a
     ``loss_mask`` is present: GAE over ``[N, Lp]`` would cut at every sequence end and depend
-    on ``L``), wrong shapes or dtypes, NaN or inf in rewards and values, ``done`` that is not
+    on ``L``), TorchRL's own padded trajectories (``Collector(split_trajs=True)``:
+    ``("collector", "mask")`` is present, and its padding would count as real steps), wrong
+    shapes or dtypes, NaN or inf in rewards and values, ``done`` that is not
     ``terminated | truncated``, meta tensors.
 
     Args:
@@ -47,7 +50,11 @@ class GAE(RolloutTransform):
         value_network: optional TensorDict module writing ``state_value``; called without
             gradients on the rollout and on ``rollout["next"]`` for whichever of
             ``state_value`` and ``("next", "state_value")`` is missing.
-        keys: key overrides.
+        keys: key overrides (also ``set_keys(...)`` after construction).
+
+    ``in_keys`` are ``reward``, ``state_value``, ``next_state_value``, ``terminated``,
+    ``done`` and ``truncated`` (``done`` or ``truncated`` may be missing, not both);
+    ``out_keys`` are ``advantage`` and ``value_target``.
 
     Example:
         >>> import torch
@@ -63,6 +70,9 @@ class GAE(RolloutTransform):
         >>> td["advantage"].shape, td["advantage"][0, :, 0]
         (torch.Size([2, 4, 1]), tensor([1.8750, 1.7500, 1.5000, 1.0000]))
     """
+
+    _in_fields = ("reward", "state_value", "next_state_value", "terminated", "done", "truncated")
+    _out_fields = ("advantage", "value_target")
 
     def __init__(
         self,
@@ -84,10 +94,14 @@ class GAE(RolloutTransform):
         self.lmbda = float(lmbda)
         self.value_network = value_network
 
+    def _repr_args(self) -> str:
+        return f"gamma={self.gamma}, lmbda={self.lmbda}"
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
         rollout_shape(tensordict, "GAE")
         check_not_padded(tensordict, keys.loss_mask, "GAE")
+        check_not_split_trajs(tensordict, "GAE")
         self._fill_values(tensordict)
         reward = get_key(tensordict, keys.reward)
         value = get_key(tensordict, keys.state_value)

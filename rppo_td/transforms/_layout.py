@@ -51,8 +51,14 @@ class SequenceLayout:
     num_workers: int
 
     @classmethod
-    def from_rollout(cls, td: TensorDictBase, keys: RolloutKeys, who: str) -> SequenceLayout:
+    def from_rollout(
+        cls, td: TensorDictBase, keys: RolloutKeys, who: str, *, pad_to: int | None = None
+    ) -> SequenceLayout:
         """Reads ``sequence_id`` and ``sequence_offset`` of a chunked ``[W, T]`` rollout.
+
+        ``Lp`` is the longest sequence, or ``pad_to`` when given: every sequence is then
+        padded to ``pad_to`` positions, and a longer sequence is a ``ValueError`` naming
+        ``pad_to`` and the longest sequence.
 
         Refused with a ``ValueError`` naming the key (``who`` says whose error it is): padded
         sequences (``loss_mask`` present), a rollout that already holds a key the gather writes
@@ -86,6 +92,8 @@ class SequenceLayout:
         start[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
         sequence_id = (start.flatten().cumsum(0) - 1).view(shape)
         flat_index, loss_mask = sequence_layout(sequence_id, offset)
+        if pad_to is not None:
+            flat_index, loss_mask = _pad_columns(flat_index, loss_mask, pad_to, who)
         return cls(flat_index, loss_mask, shape[1], shape[0])
 
     @property
@@ -135,6 +143,26 @@ class SequenceLayout:
                 f"rollout it was built from, got batch size {list(td.batch_size)}"
             )
         return gather_sequences(self, td, keys, index, out=out)
+
+
+def _pad_columns(
+    flat_index: torch.Tensor, loss_mask: torch.Tensor, pad_to: int, who: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, Lp]`` index map and mask widened to ``[N, pad_to]`` (padding reads step 0)."""
+    longest = flat_index.shape[1]  # host-side: sequence_layout read it already
+    if longest > pad_to:
+        raise ValueError(
+            f"{who} got pad_to={pad_to}, but the longest sequence has {longest} steps: pad_to "
+            "must be >= every sequence's length (set it to the sequence_length L, which bounds "
+            "them all)"
+        )
+    extra = pad_to - longest
+    if extra == 0:
+        return flat_index, loss_mask
+    return (
+        torch.nn.functional.pad(flat_index, (0, extra)),
+        torch.nn.functional.pad(loss_mask, (0, extra)),
+    )
 
 
 def _check_index(index: torch.Tensor, num_sequences: int, device: torch.device) -> None:

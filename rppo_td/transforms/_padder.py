@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
+from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
     check_dtype,
     check_not_meta,
+    check_pad_to,
     check_shape,
     check_tensor_leaf,
     get_key,
@@ -23,7 +25,9 @@ __all__ = ["SequencePadder"]
 class SequencePadder(RolloutTransform):
     """Regroups a chunked rollout into right-padded sequences with a ``loss_mask``.
 
-    Batch ``[W, T] -> [N, Lp]`` with ``N`` sequences and ``Lp = min(L, longest fragment)``.
+    Batch ``[W, T] -> [N, Lp]`` with ``N`` sequences and ``Lp = min(L, longest fragment)``, or
+    ``Lp = pad_to`` when given: then the shape does not depend on the data, which a
+    replay-buffer storage refilled every update, ``torch.compile`` and CUDA graphs need.
     Reads ``sequence_id`` and ``sequence_offset`` (``SequenceChunker``); returns a new
     tensordict holding every key of the rollout regrouped (zero on padding), plus
     ``loss_mask`` (``[N, Lp]`` bool, a True prefix per row), ``worker_index``,
@@ -51,7 +55,13 @@ class SequencePadder(RolloutTransform):
     ``worker_index`` and ``time_index`` where ``loss_mask`` is True.
 
     Args:
-        keys: key overrides.
+        pad_to: optional fixed ``Lp``; every sequence is padded to it. It must be ``>=`` every
+            sequence's length (``sequence_length`` bounds them all), else a ``ValueError``
+            names ``pad_to`` and the longest sequence.
+        keys: key overrides (also ``set_keys(...)`` after construction).
+
+    ``in_keys`` are ``sequence_id`` and ``sequence_offset``; ``out_keys`` are ``loss_mask``,
+    ``worker_index``, ``time_index`` and ``rollout_steps``.
 
     Example:
         >>> import torch
@@ -72,10 +82,25 @@ class SequencePadder(RolloutTransform):
                 [3., 4.]])
         >>> (SequencePadder().inv(padded) == td).all()
         True
+        >>> SequencePadder(pad_to=4)(td).batch_size
+        torch.Size([3, 4])
     """
 
+    _in_fields = ("sequence_id", "sequence_offset")
+    _out_fields = ("loss_mask", "worker_index", "time_index", "rollout_steps")
+
+    def __init__(self, *, pad_to: int | None = None, keys: RolloutKeys | None = None) -> None:
+        super().__init__(keys=keys)
+        check_pad_to(pad_to)
+        self.pad_to = pad_to
+
+    def _repr_args(self) -> str:
+        return f"pad_to={self.pad_to}"
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        layout = SequenceLayout.from_rollout(tensordict, self.keys, "SequencePadder")
+        layout = SequenceLayout.from_rollout(
+            tensordict, self.keys, "SequencePadder", pad_to=self.pad_to
+        )
         return layout.gather(tensordict, self.keys)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:

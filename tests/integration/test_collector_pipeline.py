@@ -182,3 +182,18 @@ def test_pipeline_through_compose_and_replay_buffer(collected):
     steps = [_check_minibatch(agent, sequences.sample(1)) for _ in range(3)]
     assert sequences.sampler.ran_out
     assert sum(steps) == NUM_WORKERS * STEPS
+
+
+def test_split_trajs_output_is_refused(collected):
+    # Collector(split_trajs=True) runs torchrl's split_trajectories on this very rollout:
+    # [num_trajs, max_len] with its own padding, marked by ("collector", "mask")
+    from torchrl.collectors.utils import split_trajectories
+
+    _, rollout = collected
+    assert rollout.get(("collector", "mask"), None) is None  # the default output passes
+    split = split_trajectories(rollout.clone())
+    mask = split["collector", "mask"]
+    assert int(mask.sum()) == NUM_WORKERS * STEPS < mask.numel()  # padding it would count
+    for transform in (GAE(gamma=0.99, lmbda=0.95), EpisodeSplitter()):
+        with pytest.raises(ValueError, match=r"split_trajs=True.*split_trajs=False"):
+            transform(split.clone())

@@ -8,13 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rppo_td import GAE, EpisodeSplitter, SequenceChunker, SequencePadder, functional
-from tests.reference import (
+from rppo_td.testing.reference import (
     reference_fragments,
     reference_gae,
     reference_monte_carlo_returns,
     reference_segment_sum,
 )
-from tests.strategies import discounts, rollouts, sequence_lengths
+from rppo_td.testing.strategies import discounts, rollouts, sequence_lengths
 
 ATOL = 1e-5
 
@@ -28,7 +28,7 @@ def _close(actual, expected, atol=ATOL):
     torch.testing.assert_close(actual.to(torch.float64), expected, atol=atol, rtol=1e-5)
 
 
-@given(td=rollouts(with_done=None), gamma=discounts(), lmbda=discounts())
+@given(td=rollouts(with_done=st.booleans()), gamma=discounts(), lmbda=discounts())
 def test_gae_matches_reference(td, gamma, lmbda):
     advantage, target = _gae(td, gamma, lmbda)
     expected_advantage, expected_target = reference_gae(td, gamma, lmbda)
@@ -38,7 +38,7 @@ def test_gae_matches_reference(td, gamma, lmbda):
     _close(target, expected_target)
 
 
-@given(td=rollouts(max_steps=40, end_rate=20), gamma=discounts(), lmbda=discounts())
+@given(td=rollouts(num_steps=st.integers(1, 40), end_rate=20), gamma=discounts(), lmbda=discounts())
 def test_gae_matches_reference_on_long_episodes(td, gamma, lmbda):
     advantage, _ = _gae(td, gamma, lmbda)
     _close(advantage, reference_gae(td, gamma, lmbda)[0], atol=1e-4)
@@ -142,7 +142,7 @@ def test_gae_unchanged_by_chunking(td, gamma, lmbda, data):
     assert torch.equal(results[1], before["advantage"])
 
 
-@given(td=rollouts(recurrent=False), gamma=discounts(), lmbda=discounts())
+@given(td=rollouts(recurrent=st.none()), gamma=discounts(), lmbda=discounts())
 def test_gae_float64_and_time_dim(td, gamma, lmbda):
     fields = [
         td["next", "reward"].double(),

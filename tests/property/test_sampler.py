@@ -14,6 +14,7 @@ either one sequence, or ends at an unmoved raw cut and starts at or after the pr
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from rppo_td import (
     SequenceSampler,
     functional,
 )
-from tests.strategies import rollouts, sequence_lengths
+from rppo_td.testing.strategies import rollouts, sequence_lengths
 
 
 def _chunked(td, sequence_length):
@@ -48,7 +49,7 @@ def _starts(minibatch):
 
 @st.composite
 def _chunked_rollouts(draw):
-    td = draw(rollouts(max_workers=4, max_steps=16), label="rollout")
+    td = draw(rollouts(num_steps=st.integers(1, 16)), label="rollout")
     chunked = _chunked(td, draw(sequence_lengths(max_length=6), label="L"))
     num_sequences = int(chunked["sequence_id"].max()) + 1
     num_minibatches = draw(st.integers(1, num_sequences), label="M")
@@ -180,3 +181,25 @@ def test_replay_sampler_covers_each_sequence_once_per_epoch(case, seed, epochs):
             assert minibatch.batch_size[1] == padded.batch_size[1]
             seen.extend(_starts(minibatch))
         assert sorted(seen) == expected
+
+
+@given(case=_chunked_rollouts(), seed=st.integers(0, 2**31), extra=st.integers(0, 3))
+def test_pad_to_padded_and_lazy_agree(case, seed, extra):
+    chunked, num_minibatches = case
+    pad_to = SequencePadder()(chunked).batch_size[1] + extra
+    padded = SequencePadder(pad_to=pad_to)(chunked)
+
+    def epoch(td, pad_to=None):
+        generator = torch.Generator().manual_seed(seed)
+        return list(SequenceSampler(num_minibatches, generator=generator, pad_to=pad_to)(td))
+
+    from_padded, from_rollout = epoch(padded, pad_to), epoch(chunked, pad_to)
+    assert len(from_padded) == len(from_rollout) == num_minibatches
+    for a, b in zip(from_padded, from_rollout, strict=True):
+        assert a.batch_size == b.batch_size and a.batch_size[1] == pad_to
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+    if extra:
+        with pytest.raises(ValueError, match=f"SequenceSampler\\(pad_to={pad_to}\\) got padded"):
+            epoch(SequencePadder()(chunked), pad_to)

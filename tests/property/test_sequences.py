@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, functional
-from tests.reference import (
+from rppo_td.testing.reference import (
     reference_chunk_ids,
     reference_episode_ids,
     reference_fragments,
@@ -17,7 +17,12 @@ from tests.reference import (
     reference_sequences,
     reference_unpad,
 )
-from tests.strategies import rollouts, sequence_lengths, step_masks
+from rppo_td.testing.strategies import (
+    recurrent_specs,
+    rollouts,
+    sequence_lengths,
+    step_masks,
+)
 
 
 def _chunk(td, sequence_length):
@@ -142,7 +147,7 @@ def test_padding_is_zero_and_mask_is_a_true_prefix(td, sequence_length):
         assert not bool(value[~mask].any()), key
 
 
-@given(td=rollouts(recurrent=True), sequence_length=sequence_lengths())
+@given(td=rollouts(recurrent=recurrent_specs(allow_none=False)), sequence_length=sequence_lengths())
 def test_start_state_is_the_stored_state(td, sequence_length):
     padded = SequencePadder()(_chunk(td, sequence_length))
     for n, sequence in enumerate(reference_sequences(td, sequence_length)):
@@ -219,7 +224,9 @@ def test_padding_reordered_rows_of_a_chunked_rollout(td, sequence_length, data):
         assert torch.equal(chunked_then_sampled[key], sampled_then_chunked[key]), key
 
 
-@given(td=rollouts(min_workers=2), sequence_length=sequence_lengths(), data=st.data())
+@given(
+    td=rollouts(num_workers=st.integers(2, 4)), sequence_length=sequence_lengths(), data=st.data()
+)
 def test_inv_refuses_a_strict_subset_of_the_sequences(td, sequence_length, data):
     # e.g. all sequences but the last worker's: a smaller valid rectangle that inv used to
     # return as a [W - 1, T] rollout; or any minibatch. The rest, in any order, round-trips.
@@ -251,3 +258,22 @@ def test_inv_after_cat_and_replay_buffer_storage(td, sequence_length):
     if other.batch_size[1] == padded.batch_size[1] and td.numel() > other.numel():
         with pytest.raises(ValueError, match="rollouts of different sizes"):
             SequencePadder().inv(torch.cat([padded, other]))
+
+
+@given(td=rollouts(), sequence_length=sequence_lengths(), extra=st.integers(0, 3))
+def test_pad_to_is_the_padding_widened_and_inv_is_exact(td, sequence_length, extra):
+    chunked = _chunk(td, sequence_length)
+    plain = SequencePadder()(chunked)
+    pad_to = plain.batch_size[1] + extra
+    fixed = SequencePadder(pad_to=pad_to)(chunked)
+    assert fixed.batch_size == (plain.batch_size[0], pad_to)
+    # the first Lp columns are the unfixed padding; the rest is padding: zero, mask False
+    _assert_tds_equal(fixed[:, : plain.batch_size[1]], plain)
+    for key in fixed.keys(include_nested=True, leaves_only=True):
+        assert not fixed.get(key)[:, plain.batch_size[1] :].any(), key
+    _assert_tds_equal(SequencePadder().inv(fixed), chunked)
+    expected = reference_pad(chunked, sequence_length, pad_to=pad_to)
+    _assert_tds_equal(_without_rollout_steps(fixed, td), expected)
+    if plain.batch_size[1] > 1:
+        with pytest.raises(ValueError, match=f"pad_to={plain.batch_size[1] - 1}, but the longest"):
+            SequencePadder(pad_to=plain.batch_size[1] - 1)(chunked)

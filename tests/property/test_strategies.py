@@ -1,14 +1,24 @@
-"""Tests of tests/strategies.py: what it draws is well formed and covers what it promises."""
+"""Tests of the public test kit, rppo_td.testing: what its strategies draw is well formed and
+covers what they promise, parts given as strategies are honoured, hypothesis stays optional, and
+the project imports the kit from the package (never tests/ through sys.path)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from rppo_td import RolloutKeys
-from tests.strategies import (
+from rppo_td.testing.strategies import (
     OBSERVATION_KEYS,
+    ActionSpec,
+    FeatureSpec,
+    RecurrentSpec,
     action_specs,
     discounts,
     episode_ends,
@@ -34,7 +44,7 @@ def _observation_keys(td):
     return present, [k for k in nested if td.get(k, None) is not None]
 
 
-@given(td=rollouts(with_is_init=None, with_done=None))
+@given(td=rollouts(with_done=st.booleans()))
 def test_rollouts_are_well_formed(td):
     assert td.batch_dims == 2
     num_workers, num_steps = td.batch_size
@@ -88,7 +98,7 @@ def test_extra_starts_do_happen():
             truncated=("next", "agent", "truncated"),
             done=("next", "agent", "done"),
         ),
-        with_is_init=True,
+        with_is_init=st.just(True),
     )
 )
 def test_rollouts_follow_key_overrides(td):
@@ -140,7 +150,7 @@ def _has(td, key):
 
 def test_rollouts_cover_the_promised_variety():
     # each kind of rollout the properties rely on can be drawn
-    strategy = rollouts(with_is_init=None, with_done=None)
+    strategy = rollouts(with_done=st.booleans())
     for condition in (
         lambda td: _has(td, "recurrent_state_c"),
         lambda td: _has(td, "recurrent_state_h") and not _has(td, "recurrent_state_c"),
@@ -159,3 +169,94 @@ def test_rollouts_cover_the_promised_variety():
         lambda td: _has(td, "is_init") and not bool(td["is_init"][:, 0].all()),
     ):
         find(strategy, condition, settings=_FIND)
+
+
+# --- parts given as strategies (xarray.testing.strategies' model) -------------------------
+@given(
+    td=rollouts(
+        num_workers=st.just(3),
+        num_steps=st.just(5),
+        observations=st.just({("obs", "joints"): FeatureSpec((2,), torch.float64)}),
+        actions=st.just(ActionSpec("continuous", (2,), torch.float32)),
+        recurrent=st.just(RecurrentSpec("gru", 2, 3)),
+        with_done=st.just(False),
+        with_is_init=st.just(False),
+    )
+)
+def test_fixed_parts_are_honoured(td):
+    assert td.batch_size == (3, 5)
+    assert td["obs", "joints"].shape == (3, 5, 2) and td["obs", "joints"].dtype == torch.float64
+    assert td["next", "obs", "joints"].shape == (3, 5, 2)
+    assert td.get("observation", None) is None
+    assert td["action"].shape == (3, 5, 2) and td["action"].dtype == torch.float32
+    assert td["recurrent_state_h"].shape == (3, 5, 2, 3)
+    assert td.get("recurrent_state_c", None) is None
+    assert td.get(("next", "done"), None) is None and td.get("is_init", None) is None
+
+
+@given(td=rollouts(num_workers=st.integers(5, 6), num_steps=st.sampled_from([2, 20])))
+def test_size_strategies_are_drawn_from(td):
+    assert td.batch_size[0] in (5, 6) and td.batch_size[1] in (2, 20)
+
+
+@given(td=rollouts(recurrent=st.none(), with_is_init=st.just(True), with_done=st.booleans()))
+def test_no_recurrent_state_and_is_init_always(td):
+    assert td.get("recurrent_state_h", None) is None
+    assert td["is_init"].shape == (*td.batch_size, 1)
+
+
+def test_sizes_below_one_are_refused():
+    with pytest.raises(ValueError, match="num_workers >= 1 and num_steps >= 1, drew 0 and 3"):
+        find(rollouts(num_workers=st.just(0), num_steps=st.just(3)), lambda td: True)
+
+
+# --- packaging: hypothesis optional, no tests/ on sys.path ---------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_import_rppo_td_does_not_import_hypothesis_or_the_kit():
+    result = _python(
+        "import sys, rppo_td; "
+        "assert 'hypothesis' not in sys.modules, 'hypothesis imported'; "
+        "assert 'rppo_td.testing' not in sys.modules, 'rppo_td.testing imported'"
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_kit_without_hypothesis_names_the_test_extra():
+    # sys.modules[name] = None makes `import name` raise ImportError, as if not installed
+    result = _python(
+        "import sys; sys.modules['hypothesis'] = None\n"
+        "try:\n    import rppo_td.testing\n"
+        "except ImportError as error:\n    print(error)\n"
+        "else:\n    raise SystemExit('imported')"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'rppo_td[test]'" in result.stdout
+
+
+def test_tests_modules_reexport_the_kit():
+    import rppo_td.testing.reference as reference
+    import rppo_td.testing.strategies as strategies
+    import tests.reference
+    import tests.strategies
+
+    assert tests.strategies.rollouts is strategies.rollouts
+    assert tests.reference.reference_gae is reference.reference_gae
+    assert set(tests.reference.__all__) == set(reference.__all__)
+
+
+def test_nothing_puts_tests_on_sys_path():
+    offenders = []
+    for folder in ("benchmarks", "examples", "rppo_td", "docs"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            if "sys.path" in text or "tests.reference" in text or "tests.strategies" in text:
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []

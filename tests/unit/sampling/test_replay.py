@@ -78,3 +78,72 @@ def test_checks():
         match=re.escape("'loss_mask' must be [N, Lp] bool in storage, got [3, 2] torch.float32"),
     ):
         buffer.sample(1)
+
+
+def _padded(num_steps, length=4, pad_to=None):
+    from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder
+    from tests.unit._data import small_rollout
+
+    rollout = small_rollout(2, num_steps)
+    chunked = SequenceChunker(sequence_length=length)(EpisodeSplitter()(rollout))
+    return SequencePadder(pad_to=pad_to)(chunked)
+
+
+def _starts(minibatches):
+    return sorted(
+        (w, t)
+        for mb in minibatches
+        for w, t in zip(
+            mb["worker_index"][:, 0].tolist(), mb["time_index"][:, 0].tolist(), strict=True
+        )
+    )
+
+
+def test_several_for_loops_each_yield_one_epoch():
+    # TorchRL's ReplayBuffer.__iter__ sets sampler.ran_out = False, then samples until True
+    padded = _padded(9)
+    buffer = ReplayBuffer(
+        storage=LazyTensorStorage(padded.batch_size[0]),
+        sampler=SequenceReplaySampler(3, generator=torch.Generator().manual_seed(0)),
+        batch_size=1,
+    )
+    buffer.extend(padded)
+    expected = _starts([padded])
+    orders = []
+    for _ in range(3):
+        epoch = [mb for mb in buffer]
+        assert len(epoch) == 3
+        assert buffer.sampler.ran_out
+        assert _starts(epoch) == expected
+        assert sum(int(mb["loss_mask"].sum()) for mb in epoch) == padded["loss_mask"].sum()
+        orders.append([mb["worker_index"].tolist() + mb["time_index"].tolist() for mb in epoch])
+    assert orders[0] != orders[1] or orders[1] != orders[2]  # each loop draws a new epoch
+
+
+def test_one_buffer_emptied_and_refilled_with_pad_to():
+    # the rollouts' own Lp differ (4, 1, 3); pad_to=L keeps the storage's shape fixed
+    buffer = ReplayBuffer(
+        storage=LazyTensorStorage(32),
+        sampler=SequenceReplaySampler(2, generator=torch.Generator().manual_seed(0)),
+        batch_size=1,
+    )
+    for num_steps, own_length in ((9, 4), (1, 1), (3, 3)):
+        assert _padded(num_steps).batch_size[1] == own_length
+        padded = _padded(num_steps, pad_to=4)
+        buffer.empty()
+        buffer.extend(padded)
+        for _ in range(2):
+            epoch = list(buffer)
+            assert len(epoch) == 2
+            assert all(mb.batch_size[1] == 4 for mb in epoch)
+            assert _starts(epoch) == _starts([padded])
+
+
+def test_refill_with_another_lp_without_pad_to_is_refused_by_the_storage():
+    # documented: LazyTensorStorage fixes [Lp] at the first extend, and raises before the
+    # sampler runs; SequencePadder(pad_to=L) is the fix
+    buffer = ReplayBuffer(storage=LazyTensorStorage(32), sampler=SequenceReplaySampler(2))
+    buffer.extend(_padded(9))
+    buffer.empty()
+    with pytest.raises(RuntimeError, match="batch size"):
+        buffer.extend(_padded(3))

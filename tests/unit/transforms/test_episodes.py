@@ -139,3 +139,14 @@ def test_chunker_bad_episode_ids():
         ValueError, match=re.escape("'episode_id' must have shape [2, 3], got [2, 3, 1]")
     ):
         SequenceChunker(sequence_length=2)(td)
+
+
+def test_split_trajs_output_is_refused_by_the_key_alone():
+    from rppo_td import GAE
+
+    td = small_rollout()
+    td["collector", "mask"] = torch.ones(td.batch_size, dtype=torch.bool)
+    for transform in (EpisodeSplitter(), GAE(gamma=0.9, lmbda=0.9)):
+        name = type(transform).__name__
+        with pytest.raises(ValueError, match=rf"{name} got trajectories padded by TorchRL"):
+            transform(td.clone())

@@ -155,3 +155,23 @@ def test_rollout_sliced_in_time_after_chunking_is_refused():
     assert SequencePadder()(td[:, 4:].clone()).batch_size == torch.Size([4, 3])
     with pytest.raises(ValueError, match=r"inconsistent.*sliced in time"):
         SequencePadder()(td[:, 2:].clone())
+
+
+def test_pad_to_golden_and_checks():
+    td = _chunked(2)
+    padded = SequencePadder(pad_to=4)(td)
+    assert padded.batch_size == (6, 4)
+    assert padded["loss_mask"].tolist()[2] == [True, False, False, False]
+    assert padded["time_index"].tolist()[1] == [2, 3, 0, 0]
+    assert (SequencePadder().inv(padded) == td).all()
+    assert SequencePadder(pad_to=2)(td).batch_size == (6, 2)  # pad_to = Lp: unchanged
+    with pytest.raises(
+        ValueError,
+        match=re.escape("SequencePadder got pad_to=1, but the longest sequence has 2 steps"),
+    ):
+        SequencePadder(pad_to=1)(td)
+    for bad in (0, -1, 2.0, True, "4"):
+        message = f"pad_to must be an int >= 1 or None, got {bad!r}"
+        with pytest.raises(ValueError, match=re.escape(message)):
+            SequencePadder(pad_to=bad)
+    assert repr(SequencePadder(pad_to=4)).startswith("SequencePadder(pad_to=4, in_keys=")

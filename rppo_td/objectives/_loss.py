@@ -1,0 +1,381 @@
+"""TorchRL's clipped PPO loss, masked by ``loss_mask`` and run in recurrent mode."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
+from tensordict.nn import dispatch
+from torchrl.modules import set_recurrent_mode
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.utils import ValueEstimators, distance_loss
+
+from rppo_td._keys import RolloutKeys
+from rppo_td._validation import get_key
+from rppo_td.functional import masked_mean, masked_normalize
+from rppo_td.objectives._value import GAEEstimator
+
+__all__ = ["RecurrentPPOLoss"]
+
+_DEFAULT = RolloutKeys()
+_PARAMS = (
+    "actor_network_params",
+    "critic_network_params",
+    "target_actor_network_params",
+    "target_critic_network_params",
+)
+
+
+class RecurrentPPOLoss(ClipPPOLoss):
+    """TorchRL's ``ClipPPOLoss`` over padded sequences ``[B, Lp]``, masked by ``loss_mask``.
+
+    A subclass of ``torchrl.objectives.ClipPPOLoss`` (``set_keys``, ``make_value_estimator``,
+    TorchRL trainers and loggers work as they do with it) for the minibatches of
+    [`SequenceSampler`][rppo_td.SequenceSampler]. Three things differ:
+
+    - **Masked, with no extra setting.** Every output is a scalar (0-dim) over the real steps
+      (``loss_mask`` True) only: the loss terms ``loss_objective``, ``loss_critic`` and
+      ``loss_entropy`` and the diagnostics ``clip_fraction``, ``kl_approx``, ``entropy``,
+      ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and
+      ``value_clip_fraction``. Padding is replaced before use, so whatever it holds (any
+      finite values) changes neither an output nor a gradient. ``normalize_advantage=True``
+      standardises with the real steps' mean and deviation (``functional.masked_normalize``).
+      Without a ``loss_mask`` key in the input every step counts as real.
+    - **Recurrent mode.** ``forward`` runs the actor and the critic inside TorchRL's
+      ``set_recurrent_mode(True)``: an ``LSTMModule``/``GRUModule`` runs over the ``Lp``
+      positions of each sequence from the state stored at position 0, and restarts where
+      ``is_init`` is True.
+    - **rppo_td's GAE.** When the input has no ``advantage``, the loss's value estimator
+      computes it; the default is [`GAEEstimator`][rppo_td.GAEEstimator] (``gamma=0.99``,
+      ``lmbda=0.95``; ``make_value_estimator(gamma=..., lmbda=...)`` changes them, and
+      ``make_value_estimator(ValueEstimators.GAE)`` gives it too). GAE belongs on the whole
+      ``[W, T]`` rollout: call ``loss.value_estimator(rollout)`` before the pipeline, or the
+      loss on an unpadded rollout; the estimator refuses padded sequences.
+
+    Inputs: ``[B, Lp]`` (or ``[W, T]``) with the actor's and critic's inputs,
+    ``action``, ``action_log_prob`` ``[B, Lp]``, ``advantage`` and ``value_target``
+    ``[B, Lp, 1]``, ``loss_mask`` ``[B, Lp]`` bool, and ``state_value`` ``[B, Lp, 1]`` with
+    ``clip_value``. The key of the mask is ``loss_mask`` (``rppo_td.RolloutKeys``); change it
+    with ``loss_mask_key=``, ``set_keys(loss_mask=...)`` or ``loss.loss_mask_key = ...``.
+
+    Args:
+        actor_network: a probabilistic TensorDict actor (``ProbabilisticActor``).
+        critic_network: a TensorDict module writing ``state_value``.
+        clip_epsilon: the ratio's clipping range, as in ``ClipPPOLoss``.
+        entropy_coeff: weight of ``loss_entropy``.
+        critic_coeff: weight of ``loss_critic``.
+        loss_critic_type: ``"l1"``, ``"l2"`` or ``"smooth_l1"``.
+        normalize_advantage: standardise ``advantage`` over the real steps of each call.
+        clip_value: clip the value prediction to ``state_value +- clip_value`` (``True``:
+            ``clip_epsilon``); ``None``: no value clipping.
+        loss_mask_key: the mask's key.
+        **kwargs: any other keyword of ``ClipPPOLoss`` (``reduction``, ``separate_losses``,
+            ``functional``, ``delay_actor``, ``advantage_norm``, ...), except
+            ``normalize_advantage_exclude_dims``.
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import TensorDictModule
+        >>> from torchrl.modules import ProbabilisticActor
+        >>> actor = ProbabilisticActor(
+        ...     TensorDictModule(torch.nn.Linear(3, 2), ["observation"], ["logits"]),
+        ...     in_keys=["logits"], distribution_class=torch.distributions.Categorical,
+        ...     return_log_prob=True)
+        >>> critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+        >>> B, Lp = 2, 4
+        >>> mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+        >>> batch = TensorDict({"observation": torch.randn(B, Lp, 3),
+        ...                     "advantage": torch.randn(B, Lp, 1),
+        ...                     "value_target": torch.randn(B, Lp, 1),
+        ...                     "loss_mask": mask}, batch_size=[B, Lp])
+        >>> with torch.no_grad():
+        ...     batch = actor(batch)  # action and action_log_prob of the unchanged policy
+        >>> batch["action_log_prob"][~batch["loss_mask"]] = -50.0  # garbage in the padding
+        >>> out = RecurrentPPOLoss(actor, critic)(batch)
+        >>> out["loss_objective"].shape, out["clip_fraction"], out["kl_approx"], out["ESS"]
+        (torch.Size([]), tensor(0.), tensor(0.), tensor(1.))
+    """
+
+    @dataclass
+    class _AcceptedKeys(ClipPPOLoss._AcceptedKeys):
+        """``ClipPPOLoss``'s keys and ``loss_mask``.
+
+        Attributes:
+            loss_mask: ``[B, Lp]`` bool, True on real steps (``rppo_td.RolloutKeys``).
+        """
+
+        loss_mask: NestedKey = _DEFAULT.loss_mask
+
+    default_keys = _AcceptedKeys
+    default_value_estimator = ValueEstimators.GAE
+
+    def __init__(
+        self,
+        actor_network: Any,
+        critic_network: Any,
+        *,
+        clip_epsilon: float = 0.2,
+        entropy_coeff: float = 0.01,
+        critic_coeff: float = 1.0,
+        loss_critic_type: str = "smooth_l1",
+        normalize_advantage: bool = False,
+        clip_value: bool | float | None = None,
+        loss_mask_key: NestedKey = _DEFAULT.loss_mask,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("normalize_advantage_exclude_dims"):
+            raise ValueError(
+                "RecurrentPPOLoss normalises the advantage over all real steps; "
+                "normalize_advantage_exclude_dims is not supported"
+            )
+        super().__init__(
+            actor_network,
+            critic_network,
+            clip_epsilon=clip_epsilon,
+            entropy_coeff=entropy_coeff,
+            critic_coeff=critic_coeff,
+            loss_critic_type=loss_critic_type,
+            normalize_advantage=normalize_advantage,
+            clip_value=clip_value,
+            **kwargs,
+        )
+        self.loss_mask_key = loss_mask_key
+
+    # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
+    @property
+    def loss_mask_key(self) -> NestedKey:
+        """The key of ``loss_mask``; the same as ``tensor_keys.loss_mask``."""
+        return self.tensor_keys.loss_mask
+
+    @loss_mask_key.setter
+    def loss_mask_key(self, value: NestedKey) -> None:
+        if value is None or value == "auto":
+            raise ValueError(
+                f"RecurrentPPOLoss is always masked; loss_mask_key must be a key, got {value!r}"
+            )
+        self.set_keys(loss_mask=value)
+
+    def _loss_mask_keys(self) -> tuple[NestedKey, ...]:
+        return (self.tensor_keys.loss_mask,)
+
+    def _set_in_keys(self) -> None:
+        super()._set_in_keys()
+        if self.tensor_keys.loss_mask not in self._in_keys:
+            self._in_keys.append(self.tensor_keys.loss_mask)
+
+    def _forward_value_estimator_keys(self, **kwargs: Any) -> None:
+        super()._forward_value_estimator_keys(**kwargs)
+        if isinstance(self._value_estimator, GAEEstimator):
+            self._value_estimator.set_keys(loss_mask=self.tensor_keys.loss_mask)
+
+    # ---- the value estimator ----------------------------------------------------------------
+    def make_value_estimator(self, value_type: Any = None, **hyperparams: Any) -> Any:
+        """Sets the value estimator; ``None`` or ``ValueEstimators.GAE``: a ``GAEEstimator``.
+
+        ``hyperparams`` go to ``GAEEstimator`` (``gamma``, ``lmbda``; defaults 0.99 and 0.95),
+        with this loss's critic as its value network and this loss's keys. Any other
+        ``value_type`` (a TorchRL estimator enum, class or instance) is ``ClipPPOLoss``'s.
+
+        Returns:
+            The loss itself.
+        """
+        if value_type not in (None, ValueEstimators.GAE, GAEEstimator):
+            return super().make_value_estimator(value_type, **hyperparams)
+        hyperparams = {"gamma": 0.99, "lmbda": 0.95, **hyperparams}
+        hyperparams.setdefault("value_network", self.critic_network)
+        hyperparams.pop("device", None)
+        estimator = GAEEstimator(**hyperparams)
+        keys = self.tensor_keys
+        estimator.set_keys(
+            advantage=keys.advantage,
+            value_target=keys.value_target,
+            value=keys.value,
+            reward=keys.reward,
+            done=keys.done,
+            terminated=keys.terminated,
+            loss_mask=keys.loss_mask,
+        )
+        self._value_estimator = estimator
+        self.value_type = GAEEstimator
+        return self
+
+    def _default_value_estimator(self) -> None:
+        self.make_value_estimator()
+
+    # ---- the loss -----------------------------------------------------------------------------
+    @dispatch
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """The masked losses and diagnostics of one minibatch.
+
+        Args:
+            tensordict: ``[B, Lp]`` sequences (see the class docstring for the keys).
+
+        Returns:
+            A tensordict of 0-dim tensors: ``loss_objective``, ``loss_critic``,
+            ``loss_entropy`` (per position with ``reduction="none"``), ``clip_fraction``,
+            ``kl_approx``, ``entropy``, ``ESS``, ``max_ratio``, ``mean_ratio``,
+            ``explained_variance`` and, with ``clip_value``, ``value_clip_fraction``.
+        """
+        with set_recurrent_mode(True):
+            return self._masked_forward(tensordict)
+
+    def _masked_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        tensordict = tensordict.clone(False)
+        keys = self.tensor_keys
+        advantage = tensordict.get(keys.advantage, None)
+        computed = advantage is None
+        if advantage is None:
+            if self.critic_network is None:
+                raise RuntimeError(
+                    f"{keys.advantage!r} is missing and there is no critic to compute it"
+                )
+            self.value_estimator(
+                tensordict,
+                params=self._cached_critic_network_params_detached,
+                target_params=self.target_critic_network_params,
+            )
+            advantage = get_key(tensordict, keys.advantage)
+        mask = self._mask(tensordict)
+        advantage = _where(mask, advantage, 0.0)
+        if self.advantage_norm is not None:
+            advantage = self._scale_advantage(advantage, tensordict, update=computed)
+        elif self.normalize_advantage:
+            advantage = masked_normalize(advantage, mask)
+
+        log_weight, dist, kl_approx, log_is_weight = self._log_weight(
+            tensordict, adv_shape=advantage.shape[:-1]
+        )
+        # a zero log-ratio on padding: exp() of garbage can overflow, and inf * 0 is NaN
+        log_weight = _where(mask, log_weight, 0.0)
+        behaviour = log_weight  # log(pi / pi_behaviour), what the surrogate is weighted by
+        clipped = log_weight.clamp(*self._clip_bounds)
+        if log_is_weight is not None:
+            log_is_weight = _where(mask, log_is_weight, 0.0)
+            behaviour = log_weight + log_is_weight
+            clipped = clipped + log_is_weight
+        gain = torch.minimum(behaviour.exp() * advantage, clipped.exp() * advantage)
+        losses: dict[str, torch.Tensor] = {"loss_objective": -gain}
+        with torch.no_grad():
+            stats = {
+                "clip_fraction": masked_mean((clipped != behaviour).to(gain.dtype), mask),
+                "kl_approx": masked_mean(_where(mask, kl_approx, 0.0), mask),
+            }
+            stats.update(_ratio_stats(behaviour, mask))
+        if self.entropy_bonus:
+            entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
+            if is_tensor_collection(entropy):
+                entropy = sum(entropy.values(True, True))
+            entropy = _where(mask, entropy, 0.0)
+            stats["entropy"] = masked_mean(entropy.detach(), mask)
+            losses["loss_entropy"] = self._weighted_loss_entropy(entropy)
+        if self._has_critic:
+            loss_critic, value_clip_fraction, explained_variance = self.loss_critic(tensordict)
+            losses["loss_critic"] = loss_critic
+            if value_clip_fraction is not None:
+                stats["value_clip_fraction"] = value_clip_fraction
+            if explained_variance is not None:
+                stats["explained_variance"] = explained_variance
+        out = {name: self._reduce_loss(x, tensordict).squeeze(-1) for name, x in losses.items()}
+        td_out = TensorDict({**out, **stats}, batch_size=[])
+        self._clear_weakrefs(tensordict, td_out, *_PARAMS)
+        return td_out
+
+    def loss_critic(
+        self, tensordict: TensorDictBase
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The critic's loss per position and its masked diagnostics.
+
+        Args:
+            tensordict: ``[B, Lp]`` with ``value_target`` ``[B, Lp, 1]``, the critic's inputs,
+                ``loss_mask`` and, with ``clip_value``, ``state_value`` (the old values).
+
+        Returns:
+            ``(loss, value_clip_fraction, explained_variance)``: ``loss`` ``[B, Lp, 1]``
+            (times ``critic_coeff``, zero on padding, unreduced), the fraction of real steps
+            whose value was clipped (``None`` without ``clip_value``) and
+            ``1 - Var(target - value) / Var(target)`` over real steps (``None`` if
+            ``log_explained_variance`` is False), both 0-dim.
+        """
+        if self.separate_losses:
+            tensordict = tensordict.detach()
+        keys = self.tensor_keys
+        mask = self._mask(tensordict)
+        target = _where(mask, get_key(tensordict, keys.value_target), 0.0)
+        old_value = None
+        if self.clip_value is not None:
+            hint = "(clip_value needs the values the data was collected with)"
+            old_value = _where(mask, get_key(tensordict, keys.value, hint=hint), 0.0).detach()
+        with self._critic_parameters():
+            value = get_key(self.critic_network(tensordict.copy()), keys.value)
+        target, value, old_value = self._critic_loss_inputs(target, value, old_value)
+        loss = distance_loss(target, value, loss_function=self.loss_critic_type)
+        value_clip_fraction = None
+        if old_value is not None:
+            step = value - old_value
+            clipped_step = step.clamp(-self.clip_value, self.clip_value)
+            clipped_loss = distance_loss(
+                target, old_value + clipped_step, loss_function=self.loss_critic_type
+            )
+            loss = torch.maximum(loss, clipped_loss)
+            with torch.no_grad():
+                value_clip_fraction = masked_mean((step != clipped_step).to(loss.dtype), mask)
+        explained_variance = None
+        if self.log_explained_variance:
+            with torch.no_grad():
+                residual = _masked_variance(target - value, mask)
+                eps = torch.finfo(target.dtype).eps
+                explained_variance = 1.0 - residual / (_masked_variance(target, mask) + eps)
+        loss = _where(mask, loss, 0.0)
+        if self._has_critic:
+            loss = self.critic_coeff * loss
+        return loss, value_clip_fraction, explained_variance
+
+    def _critic_parameters(self) -> contextlib.AbstractContextManager[object]:
+        if not self.functional:
+            return contextlib.nullcontext()
+        return self.critic_network_params.to_module(  # type: ignore[no-any-return]
+            self.critic_network, preserve_module_state=False
+        )
+
+    def _mask(self, tensordict: TensorDictBase) -> torch.Tensor:
+        """``loss_mask`` ``[*B]`` bool, or all True where the input has none."""
+        key = self.tensor_keys.loss_mask
+        batch = tensordict.batch_size
+        mask = tensordict.get(key, None)
+        if mask is None:
+            return torch.ones(batch, dtype=torch.bool, device=tensordict.device)
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise ValueError(f"{key!r} must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+        if mask.shape == (*batch, 1):
+            mask = mask.squeeze(-1)
+        if mask.shape != batch:
+            raise ValueError(
+                f"{key!r} must have the batch shape {list(batch)}, got {list(mask.shape)}"
+            )
+        return mask
+
+
+def _where(mask: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:
+    """``x`` where ``mask`` ``[*B]`` is True, ``fill`` elsewhere; ``x`` is ``[*B, *F]``."""
+    return torch.where(mask.view(*mask.shape, *([1] * (x.ndim - mask.ndim))), x, fill)
+
+
+def _masked_variance(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The population variance of ``x`` ``[*B, 1]`` over the real steps of ``mask``."""
+    return masked_mean((x - masked_mean(x, mask)).square(), mask)
+
+
+def _ratio_stats(log_weight: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """ESS (normalised to ``(0, 1]``), largest and mean ratio, over the real steps."""
+    log_weight = _where(mask, log_weight, -torch.inf).flatten()
+    ess = (2 * log_weight.logsumexp(0) - (2 * log_weight).logsumexp(0)).exp() / mask.sum()
+    ratio = log_weight.exp()
+    return {
+        "ESS": ess,
+        "max_ratio": ratio.max(),
+        "mean_ratio": ratio.sum() / mask.sum(),
+    }

@@ -1,0 +1,289 @@
+"""GAE as a TorchRL value estimator, on rppo_td's functional GAE."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from tensordict.nn import composite_lp_aggregate
+from torch import nn
+from torchrl.modules import GRUModule, LSTMModule
+from torchrl.objectives.value import ValueEstimatorBase
+
+from rppo_td._keys import RolloutKeys
+from rppo_td._validation import check_not_padded, check_unit_interval, get_key
+from rppo_td.functional import generalized_advantage_estimate
+
+__all__ = ["GAEEstimator"]
+
+_DEFAULT = RolloutKeys()
+
+
+class GAEEstimator(ValueEstimatorBase):
+    """GAE advantages for any TorchRL loss, on a ``[W, T]`` rollout.
+
+    A TorchRL value estimator (a ``ValueEstimatorBase``), so it serves as a loss's
+    ``value_estimator`` (``loss.make_value_estimator(GAEEstimator, gamma=..., lmbda=...,
+    value_network=critic)`` or ``loss.value_estimator = GAEEstimator(...)``), and it is the
+    default estimator of [`RecurrentPPOLoss`][rppo_td.RecurrentPPOLoss]. The recursion is
+    [`generalized_advantage_estimate`][rppo_td.functional.generalized_advantage_estimate]'s
+    (Schulman et al., ICLR 2016)::
+
+        delta[t] = reward[t] + gamma * (1 - terminated[t]) * next_state_value[t] - state_value[t]
+        A[t]     = delta[t] + gamma * lmbda * (1 - done[t]) * A[t + 1],   A[T] = 0
+
+    It bootstraps from ``("next", "state_value")`` where a step is truncated and at the
+    rollout's last step, never where it is terminated, and never sums across an episode end.
+
+    Batch ``[W, T] -> [W, T]`` (any ``[*B, T]``, time last unless ``time_dim`` says otherwise);
+    writes ``advantage`` and ``value_target`` (``[W, T, 1]``, detached) in place and returns the
+    same tensordict. With a ``value_network`` it also writes ``state_value`` and
+    ``("next", "state_value")`` (``[W, T, 1]``), computed without gradients on a selection of
+    the network's in_keys, so the network's by-products (an LSTM's ``("next",
+    "recurrent_state_h")``) never overwrite the rollout; without one it reads both.
+
+    Recurrent value networks (TorchRL's ``LSTMModule`` / ``GRUModule``) are evaluated correctly
+    in both of their modes:
+
+    - outside recurrent mode every step runs from the state stored with it: ``V(o_t | h_t)``
+      from the root and ``V(o_{t+1} | h_{t+1})`` from ``rollout["next"]``;
+    - inside ``set_recurrent_mode(True)`` each row runs as a sequence from its stored state at
+      ``t = 0``, split where ``is_init`` is True. ``rollout["next"]`` is split where the
+      root's ``is_init`` is True as well (TorchRL's GAE does the same), so its sequence of
+      next observations never runs across a reset: after a reset it restarts from the stored
+      ``("next", "recurrent_state_h")``, the state after the reset step.
+
+    Reads (TorchRL's key names; ``reward``, ``done``, ``terminated`` and ``truncated`` are read
+    under ``"next"``): ``("next", "reward")`` ``[W, T, 1]`` float, ``("next", "terminated")``
+    and ``("next", "done")`` ``[W, T, 1]`` bool (``done`` may be missing if
+    ``("next", "truncated")`` is there), the network's inputs and ``is_init`` ``[W, T, 1]``
+    bool for a recurrent network. Rename them with ``set_keys(...)``.
+
+    Refused with a ``ValueError`` or ``KeyError`` naming the key: padded sequences (a
+    ``loss_mask`` is present: GAE over ``[N, Lp]`` would cut every sequence's sum at its end;
+    run the estimator on the rollout, before ``SequencePadder``), a recurrent network with
+    time not the last batch dimension, and everything ``generalized_advantage_estimate``
+    refuses (wrong shapes or dtypes, NaN or inf, ``terminated`` without ``done``).
+
+    Args:
+        gamma: discount in ``[0, 1]``.
+        lmbda: GAE lambda in ``[0, 1]``.
+        value_network: a TensorDict module writing ``state_value``, or ``None`` to read
+            ``state_value`` and ``("next", "state_value")`` from the tensordict.
+        time_dim: the time dimension of the tensordict; ``None``: the dimension named
+            ``"time"``, else the last.
+        device: where TorchRL's base class keeps its buffers (TorchRL passes it).
+
+    Example:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> W, T = 2, 4
+        >>> done = torch.zeros(W, T, 1, dtype=torch.bool)
+        >>> done[0, 1] = True  # worker 0 terminates after t = 1
+        >>> td = TensorDict({
+        ...     "state_value": torch.zeros(W, T, 1),
+        ...     "next": {"reward": torch.ones(W, T, 1), "state_value": torch.zeros(W, T, 1),
+        ...              "terminated": done, "done": done},
+        ... }, batch_size=[W, T])
+        >>> td = GAEEstimator(gamma=0.5, lmbda=1.0, value_network=None)(td)
+        >>> td["advantage"].shape, td["advantage"][..., 0]
+        (torch.Size([2, 4, 1]), tensor([[1.5000, 1.0000, 1.5000, 1.0000],
+                [1.8750, 1.7500, 1.5000, 1.0000]]))
+    """
+
+    @dataclass
+    class _AcceptedKeys:
+        """The keys ``set_keys(...)`` accepts: TorchRL's, ``truncated``, ``is_init``, ``loss_mask``.
+
+        Attributes:
+            advantage: written, ``[W, T, 1]``.
+            value_target: written, ``[W, T, 1]``.
+            value: ``state_value`` (and, under ``"next"``, the next value), ``[W, T, 1]``.
+            reward: read under ``"next"``, ``[W, T, 1]``.
+            done: read under ``"next"``, ``[W, T, 1]`` bool.
+            terminated: read under ``"next"``, ``[W, T, 1]`` bool.
+            truncated: read under ``"next"`` when ``done`` is missing, ``[W, T, 1]`` bool.
+            is_init: first step of an episode, ``[W, T, 1]`` bool (recurrent networks).
+            loss_mask: marks padded sequences, which are refused.
+            steps_to_next_obs: TorchRL's; not supported (refused when present).
+            sample_log_prob: TorchRL's; unused.
+        """
+
+        advantage: NestedKey = _DEFAULT.advantage
+        value_target: NestedKey = _DEFAULT.value_target
+        value: NestedKey = _DEFAULT.state_value
+        reward: NestedKey = "reward"
+        done: NestedKey = "done"
+        terminated: NestedKey = "terminated"
+        truncated: NestedKey = "truncated"
+        is_init: NestedKey = _DEFAULT.is_init
+        loss_mask: NestedKey = _DEFAULT.loss_mask
+        steps_to_next_obs: NestedKey = "steps_to_next_obs"
+        sample_log_prob: NestedKey | None = None
+
+        def __post_init__(self) -> None:
+            if self.sample_log_prob is None:
+                aggregate = composite_lp_aggregate(nowarn=True)
+                self.sample_log_prob = "sample_log_prob" if aggregate else "action_log_prob"
+
+    default_keys = _AcceptedKeys
+
+    def __init__(
+        self,
+        *,
+        gamma: float,
+        lmbda: float,
+        value_network: Any,
+        time_dim: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if value_network is not None and not callable(value_network):
+            raise TypeError(
+                "value_network must be a TensorDict module (callable on a tensordict) or None, "
+                f"got {type(value_network).__name__}"
+            )
+        check_unit_interval("gamma", gamma)
+        check_unit_interval("lmbda", lmbda)
+        super().__init__(value_network=value_network, device=device)
+        self.gamma = float(gamma)
+        self.lmbda = float(lmbda)
+        self.time_dim = time_dim
+
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+    ) -> TensorDictBase:
+        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it.
+
+        Args:
+            tensordict: ``[W, T]`` (or ``[*B, T]``) rollout.
+            params: parameters to run ``value_network`` with (TorchRL losses pass their
+                detached critic parameters); ``None``: the network's own.
+            target_params: parameters for the next values; ``None``: ``params``.
+            time_dim: overrides the constructor's ``time_dim`` for this call.
+
+        Returns:
+            ``tensordict``, with ``advantage`` and ``value_target`` ``[W, T, 1]``.
+        """
+        keys = self.tensor_keys
+        if tensordict.batch_dims < 1:
+            raise ValueError(
+                f"GAEEstimator needs a tensordict with a time dimension, got batch size "
+                f"{list(tensordict.batch_size)}"
+            )
+        check_not_padded(tensordict, keys.loss_mask, "GAEEstimator")
+        if tensordict.get(keys.steps_to_next_obs, None) is not None:
+            raise ValueError(
+                f"GAEEstimator does not support multi-step returns ({keys.steps_to_next_obs!r} "
+                "is present)"
+            )
+        dim = self._get_time_dim(time_dim, tensordict)
+        if self.value_network is not None:
+            value, next_value = self._values(tensordict, dim, params, target_params)
+            tensordict.set(keys.value, value)
+            tensordict.set(("next", keys.value), next_value)
+        else:
+            hint = "(GAEEstimator has no value_network to compute it)"
+            value = get_key(tensordict, keys.value, hint=hint)
+            next_value = get_key(tensordict, ("next", keys.value), hint=hint)
+        terminated = get_key(tensordict, ("next", keys.terminated))
+        done = tensordict.get(("next", keys.done), None)
+        if done is None:
+            hint = f"(GAEEstimator needs {('next', keys.done)!r} or this key)"
+            done = terminated | get_key(tensordict, ("next", keys.truncated), hint=hint)
+        advantage, target = generalized_advantage_estimate(
+            get_key(tensordict, ("next", keys.reward)),
+            value,
+            next_value,
+            terminated,
+            done,
+            gamma=self.gamma,
+            lmbda=self.lmbda,
+            time_dim=dim,
+        )
+        tensordict.set(keys.advantage, advantage)
+        tensordict.set(keys.value_target, target)
+        return tensordict
+
+    def _values(
+        self,
+        tensordict: TensorDictBase,
+        time_dim: int,
+        params: TensorDictBase | None,
+        target_params: TensorDictBase | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients."""
+        keys = self.tensor_keys
+        network = self.value_network
+        in_keys = list(getattr(network, "in_keys", []))
+        if in_keys:
+            root = tensordict.select(*in_keys, strict=False)
+            following = _sub_tensordict(tensordict, "next").select(*in_keys, strict=False)
+        else:  # a plain callable: give it copies it may write into
+            root = tensordict.copy()
+            following = _sub_tensordict(tensordict, "next").copy()
+        if _runs_recurrent(network):
+            if time_dim != tensordict.batch_dims - 1:
+                raise ValueError(
+                    "a recurrent value network runs along the last batch dimension; "
+                    f"time_dim is {time_dim} for batch size {list(tensordict.batch_size)}"
+                )
+            is_init = get_key(
+                tensordict, keys.is_init, hint="(a recurrent value network splits at it)"
+            )
+            next_init = following.get(keys.is_init, None)
+            # split rollout["next"] where the root starts an episode: the next observation
+            # after a reset must start from its own stored state, not run on from the old one
+            following.set(keys.is_init, is_init if next_init is None else next_init | is_init)
+        elif root.get(keys.is_init, None) is not None and keys.is_init not in following.keys(
+            include_nested=True
+        ):
+            # outside recurrent mode is_init zeroes the state; the next step continues it
+            following.set(keys.is_init, torch.zeros_like(root.get(keys.is_init)))
+        if params is not None:
+            params = params.detach()
+        if target_params is None:
+            target_params = params
+        with torch.no_grad():
+            with _parameters(params, network):
+                value = get_key(network(root), keys.value, hint="(value_network's output)")
+            with _parameters(target_params, network):
+                next_value = get_key(
+                    network(following), keys.value, hint="(value_network's output on 'next')"
+                )
+        return value, next_value
+
+
+def _sub_tensordict(td: TensorDictBase, key: NestedKey) -> TensorDictBase:
+    """``td[key]`` when it is a tensordict, else a ``KeyError`` naming it."""
+    value = td.get(key, None)
+    if not isinstance(value, TensorDictBase):
+        raise KeyError(f"GAEEstimator needs the sub-tensordict {key!r} (the next step's data)")
+    return value
+
+
+def _runs_recurrent(network: object) -> bool:
+    """Whether a TorchRL LSTM/GRU inside ``network`` would run in recurrent mode now."""
+    if not isinstance(network, nn.Module):
+        return False
+    return any(
+        bool(module.recurrent_mode)
+        for module in network.modules()
+        if isinstance(module, (LSTMModule, GRUModule))
+    )
+
+
+def _parameters(
+    params: TensorDictBase | None, network: object
+) -> contextlib.AbstractContextManager[object]:
+    """Runs ``network`` with ``params`` (TorchRL's functional parameters) inside the block."""
+    if params is None:
+        return contextlib.nullcontext()
+    return params.to_module(network, preserve_module_state=False)  # type: ignore[return-value]

@@ -1,0 +1,333 @@
+"""Hypothesis strategies for ``[W, T]`` rollouts and their parts, for testing transforms.
+
+Structure (sizes, keys, shapes, dtypes, episode ends) is drawn by hypothesis so failures shrink
+to small, readable cases; tensor *values* (observations, rewards, values, states) are filled
+from a ``torch.Generator`` seeded by a drawn integer, which keeps examples fast and still
+reproducible. As in ``xarray.testing.strategies``, what a rollout is made of is given as
+strategies: pass ``st.just(...)`` to fix a part (``num_workers=st.just(2)``).
+
+Strategies:
+
+- ``observation_specs()``: one to three observation keys (flat or nested) with shapes and dtypes
+  (float vectors, uint8 images, int64 and bool features).
+- ``action_specs()``: discrete (scalar int64), one-hot, multi-discrete (int64 vector) or
+  continuous (float32 vector) actions.
+- ``recurrent_specs()``: LSTM (``h`` and ``c``) or GRU (``h``) states ``[layers, H]``, or none.
+- ``episode_ends(W, T)``: ``(terminated, truncated)`` flags, ``[W, T, 1]`` bool, never both.
+- ``rollouts()``: a full rollout TensorDict ``[W, T]`` keyed as ``rppo_td.RolloutKeys`` says
+  (or as given overrides say), with ``done = terminated | truncated`` and ``is_init``
+  consistent with the previous step's ``done``.
+- ``sequence_lengths()``: ``L >= 1`` or None (whole fragments).
+- ``discounts()``: gamma / lambda values in ``[0, 1]``, the end points included.
+- ``step_masks(W, T)``: episode-start masks ``[W, T]`` bool with column 0 True.
+
+Example:
+    >>> from hypothesis import given, settings, strategies as st
+    >>> from rppo_td import EpisodeSplitter
+    >>> @settings(max_examples=5, database=None)
+    ... @given(rollouts(num_workers=st.just(2), num_steps=st.integers(1, 6)))
+    ... def test_episode_ids_are_int64(td):
+    ...     assert EpisodeSplitter()(td)["episode_id"].shape == td.batch_size  # [W, T]
+    >>> test_episode_ids_are_int64()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+from tensordict import NestedKey, TensorDict
+
+from rppo_td import RolloutKeys
+
+__all__ = [
+    "OBSERVATION_KEYS",
+    "ActionSpec",
+    "FeatureSpec",
+    "RecurrentSpec",
+    "action_specs",
+    "discounts",
+    "episode_ends",
+    "observation_specs",
+    "recurrent_specs",
+    "rollouts",
+    "sequence_lengths",
+    "step_masks",
+]
+
+OBSERVATION_KEYS: tuple[NestedKey, ...] = (
+    "observation",
+    "pixels",
+    ("obs", "camera"),
+    ("obs", "joints"),
+    ("agents", "observation"),
+)
+"""The pool observation keys are drawn from: flat and nested, none a prefix of another."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """The per-step shape and dtype of one key (the part after ``[W, T]``)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """An action space: ``kind`` is discrete, one_hot, multi_discrete or continuous."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    num_values: int = 0
+
+
+@dataclass(frozen=True)
+class RecurrentSpec:
+    """Recurrent state entering each step: ``cell`` is lstm (h, c) or gru (h only)."""
+
+    cell: str
+    num_layers: int
+    hidden_size: int
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The state keys this cell stores."""
+        if self.cell == "lstm":
+            return ("recurrent_state_h", "recurrent_state_c")
+        return ("recurrent_state_h",)
+
+
+_small = st.integers(1, 4)
+
+
+@st.composite
+def _feature_specs(draw: st.DrawFn) -> FeatureSpec:
+    kind = draw(st.sampled_from(["vector", "image", "integer", "flag"]), label="feature kind")
+    if kind == "vector":
+        dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+        return FeatureSpec((draw(_small),), dtype)
+    if kind == "image":
+        shape = (draw(st.integers(1, 3)), draw(_small), draw(_small))
+        return FeatureSpec(shape, torch.uint8)
+    if kind == "integer":
+        return FeatureSpec((draw(_small),), torch.int64)
+    return FeatureSpec((draw(_small),), torch.bool)
+
+
+def observation_specs(
+    min_keys: int = 1, max_keys: int = 3
+) -> st.SearchStrategy[dict[NestedKey, FeatureSpec]]:
+    """Observation keys (from ``OBSERVATION_KEYS``) mapped to their per-step spec."""
+    return st.dictionaries(
+        st.sampled_from(OBSERVATION_KEYS), _feature_specs(), min_size=min_keys, max_size=max_keys
+    )
+
+
+@st.composite
+def action_specs(draw: st.DrawFn) -> ActionSpec:
+    """Discrete, one-hot, multi-discrete or continuous actions."""
+    kind = draw(st.sampled_from(["discrete", "one_hot", "multi_discrete", "continuous"]))
+    if kind == "discrete":
+        return ActionSpec(kind, (), torch.int64, num_values=draw(st.integers(2, 5)))
+    if kind == "one_hot":
+        n = draw(st.integers(2, 5))
+        return ActionSpec(kind, (n,), torch.int64, num_values=n)
+    if kind == "multi_discrete":
+        return ActionSpec(kind, (draw(_small),), torch.int64, num_values=draw(st.integers(2, 5)))
+    return ActionSpec(kind, (draw(_small),), torch.float32)
+
+
+def recurrent_specs(allow_none: bool = True) -> st.SearchStrategy[RecurrentSpec | None]:
+    """LSTM or GRU states with 1-3 layers and hidden size 1-4, or (if allowed) None."""
+    spec = st.builds(
+        RecurrentSpec,
+        cell=st.sampled_from(["lstm", "gru"]),
+        num_layers=st.integers(1, 3),
+        hidden_size=_small,
+    )
+    return st.one_of(st.none(), spec) if allow_none else spec
+
+
+@st.composite
+def episode_ends(
+    draw: st.DrawFn, num_workers: int, num_steps: int, end_rate: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(terminated, truncated)``, each ``[W, T, 1]`` bool, never both True at one step.
+
+    Each step is an end with probability about ``2 / (end_rate + 2)``, half terminations and
+    half truncations; shrinks towards no ends at all.
+    """
+    codes = draw(
+        st.lists(
+            st.integers(0, end_rate + 1),
+            min_size=num_workers * num_steps,
+            max_size=num_workers * num_steps,
+        ),
+        label="step end codes",
+    )
+    code = torch.tensor(codes, dtype=torch.int64).view(num_workers, num_steps, 1)
+    return code == end_rate, code == end_rate + 1
+
+
+def sequence_lengths(max_length: int = 12, allow_none: bool = True) -> st.SearchStrategy:
+    """``L`` in ``[1, max_length]``, or None (whole fragments) if allowed."""
+    lengths = st.integers(1, max_length)
+    return st.one_of(lengths, st.none()) if allow_none else lengths
+
+
+def discounts() -> st.SearchStrategy[float]:
+    """A discount factor in ``[0, 1]``: the end points, or any float in between."""
+    return st.one_of(
+        st.sampled_from([0.0, 1.0, 0.5, 0.99]),
+        st.floats(0.0, 1.0, allow_nan=False, allow_subnormal=False),
+    )
+
+
+@st.composite
+def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tensor:
+    """Episode-start masks ``[W, T]`` bool with column 0 True (every row starts a fragment)."""
+    flags = draw(
+        st.lists(st.booleans(), min_size=num_workers * num_steps, max_size=num_workers * num_steps)
+    )
+    start = torch.tensor(flags, dtype=torch.bool).view(num_workers, num_steps)
+    start[:, 0] = True
+    return start
+
+
+_workers = st.integers(1, 4)
+_steps = st.integers(1, 12)
+_observations = observation_specs()
+_actions = action_specs()
+_recurrent = recurrent_specs()
+_true = st.just(True)
+_booleans = st.booleans()
+
+
+def _fill(
+    generator: torch.Generator, shape: tuple[int, ...], dtype: torch.dtype, num_values: int = 0
+) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) < 0.5
+    high = num_values if num_values else (256 if dtype == torch.uint8 else 100)
+    return torch.randint(0, high, shape, generator=generator, dtype=dtype)
+
+
+def _action(generator: torch.Generator, spec: ActionSpec, batch: tuple[int, int]) -> torch.Tensor:
+    if spec.kind == "one_hot":
+        index = torch.randint(0, spec.num_values, batch, generator=generator)
+        return torch.nn.functional.one_hot(index, spec.num_values).to(spec.dtype)
+    return _fill(generator, batch + spec.shape, spec.dtype, spec.num_values)
+
+
+@st.composite
+def rollouts(
+    draw: st.DrawFn,
+    *,
+    num_workers: st.SearchStrategy[int] = _workers,
+    num_steps: st.SearchStrategy[int] = _steps,
+    observations: st.SearchStrategy[dict[NestedKey, FeatureSpec]] = _observations,
+    actions: st.SearchStrategy[ActionSpec] = _actions,
+    recurrent: st.SearchStrategy[RecurrentSpec | None] = _recurrent,
+    with_done: st.SearchStrategy[bool] = _true,
+    with_is_init: st.SearchStrategy[bool] = _booleans,
+    end_rate: int = 4,
+    extra_starts: bool = False,
+    keys: RolloutKeys | None = None,
+) -> TensorDict:
+    """A random rollout ``[W, T]`` as a TorchRL collector writes it.
+
+    Keys (names from ``keys``, default ``RolloutKeys()``): the drawn observation keys at the
+    root and under ``"next"``; ``action``; ``action_log_prob`` ``[W, T]``; ``state_value``,
+    ``("next", "state_value")``, ``("next", "reward")`` ``[W, T, 1]`` float32;
+    ``("next", "terminated")``, ``("next", "truncated")`` and (if ``with_done``)
+    ``("next", "done")`` ``[W, T, 1]`` bool; (if ``with_is_init``) ``is_init`` ``[W, T, 1]``
+    bool, True after every done step and drawn at ``t = 0`` (a rollout may continue an episode);
+    recurrent states ``[W, T, layers, H]`` (if ``recurrent`` draws a spec).
+
+    ``done`` is always ``terminated | truncated``. With ``extra_starts`` (``with_is_init`` is
+    then True), ``is_init`` is also True at random steps not preceded by ``done``, e.g. an
+    environment reset that the rollout did not record as done: the data is then inconsistent
+    for GAE, but it tests that splitting honours ``is_init``.
+
+    Args:
+        draw: supplied by ``st.composite``; not passed by callers.
+        num_workers: ``W`` (default 1 to 4).
+        num_steps: ``T`` (default 1 to 12).
+        observations: the observation keys and specs (default ``observation_specs()``).
+        actions: the action space (default ``action_specs()``).
+        recurrent: the recurrent state, or None for none (default ``recurrent_specs()``,
+            which draws None too; ``st.none()`` for a memory-less rollout).
+        with_done: whether ``("next", "done")`` is written (default ``st.just(True)``).
+        with_is_init: whether ``is_init`` is written (default ``st.booleans()``).
+        end_rate: each step ends an episode with probability about ``2 / (end_rate + 2)``.
+        extra_starts: add ``is_init`` starts not preceded by ``done`` (see above).
+        keys: key names (default ``RolloutKeys()``).
+
+    Example:
+        >>> from hypothesis import given, settings, strategies as st
+        >>> @settings(max_examples=3, database=None)
+        ... @given(rollouts(num_workers=st.just(3), num_steps=st.just(4), recurrent=st.none()))
+        ... def test_shape(td):
+        ...     assert td.batch_size == (3, 4) and td["state_value"].shape == (3, 4, 1)
+        >>> test_shape()
+    """
+    keys = keys if keys is not None else RolloutKeys()
+    workers = draw(num_workers, label="W")
+    steps = draw(num_steps, label="T")
+    if workers < 1 or steps < 1:
+        raise ValueError(
+            f"rollouts need num_workers >= 1 and num_steps >= 1, drew {workers} and {steps}"
+        )
+    batch = (workers, steps)
+    observation_spec = draw(observations, label="observations")
+    action = draw(actions, label="action")
+    state = draw(recurrent, label="recurrent")
+    done_key = draw(with_done, label="with done")
+    is_init_key = True if extra_starts else draw(with_is_init, label="with is_init")
+    terminated, truncated = draw(episode_ends(workers, steps, end_rate), label="ends")
+    first_is_init = draw(
+        st.lists(st.booleans(), min_size=workers, max_size=workers), label="is_init[:, 0]"
+    )
+    seed = draw(st.integers(0, 2**32 - 1), label="value seed")
+    generator = torch.Generator().manual_seed(seed)
+
+    td = TensorDict(batch_size=batch)
+    for key, spec in observation_spec.items():
+        next_key = ("next", *(key if isinstance(key, tuple) else (key,)))
+        td.set(key, _fill(generator, batch + spec.shape, spec.dtype))
+        td.set(next_key, _fill(generator, batch + spec.shape, spec.dtype))
+    td.set("action", _action(generator, action, batch))
+    td.set("action_log_prob", torch.randn(batch, generator=generator))
+    if state is not None:
+        for name in state.state_names:
+            shape = (*batch, state.num_layers, state.hidden_size)
+            td.set(name, torch.randn(shape, generator=generator))
+    td.set(keys.state_value, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.next_state_value, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.reward, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.terminated, terminated)
+    td.set(keys.truncated, truncated)
+    done = terminated | truncated
+    if done_key:
+        td.set(keys.done, done)
+    if is_init_key:
+        is_init = torch.zeros((*batch, 1), dtype=torch.bool)
+        is_init[:, 0, 0] = torch.tensor(first_is_init, dtype=torch.bool)
+        is_init[:, 1:] = done[:, :-1]
+        if extra_starts:
+            extra = draw(
+                st.lists(
+                    st.booleans(),
+                    min_size=workers * steps,
+                    max_size=workers * steps,
+                ),
+                label="extra is_init",
+            )
+            is_init |= torch.tensor(extra, dtype=torch.bool).view(workers, steps, 1)
+        td.set(keys.is_init, is_init)
+    return td

@@ -1,0 +1,302 @@
+"""RecurrentPPOLoss against a hand-computed masked reference, with garbage in the padding."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tensordict import TensorDict
+from torchrl.modules import set_recurrent_mode
+from torchrl.objectives import ClipPPOLoss
+from torchrl.record.loggers import CSVLogger
+
+import rppo_td
+from rppo_td import RecurrentPPOLoss
+from tests.unit.objectives._nets import ACTIONS, make_agent, step_rollout
+
+CLIP, ENTROPY, CRITIC, CLIP_VALUE = 0.2, 0.01, 0.5, 0.3
+KEYS = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx")
+KEYS += ("entropy", "ESS", "explained_variance", "max_ratio", "mean_ratio")
+
+
+def _padded(agent, seed=1):
+    """``[N, Lp]`` sequences of a stepped rollout (3 workers, L = 4), clean zero padding."""
+    rollout, value, _ = step_rollout(agent, W=3, T=12, seed=seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    rollout["advantage"] = torch.randn(3, 12, 1, generator=g)
+    rollout["value_target"] = torch.randn(3, 12, 1, generator=g)
+    rollout["state_value"] = value + 0.5 * torch.randn(3, 12, 1, generator=g)
+    rollout["action_log_prob"] = torch.zeros(3, 12)
+    rollout = rollout.exclude("next")
+    rollout["next", "done"] = step_rollout(agent, W=3, T=12, seed=seed)[0]["next", "done"]
+    rollout = rppo_td.SequenceChunker(sequence_length=4)(rppo_td.EpisodeSplitter()(rollout))
+    padded = rppo_td.SequencePadder()(rollout).exclude("next")
+    return padded.exclude("episode_id", "sequence_id", "sequence_offset")
+
+
+def _reference(agent, batch, *, normalize=False, clip_value=False):
+    """Every output from the real steps only: each sequence run from its state at position 0."""
+    mask = batch["loss_mask"]
+    states = [batch[k][:, 0] for k in agent.state_keys]
+    out, _ = agent.run(batch["observation"], states)
+    logits = agent.policy_head(out)[mask]
+    value = agent.value_head(out)[mask]
+    dist = torch.distributions.Categorical(logits=logits)
+    log_prob = dist.log_prob(batch["action"][mask])
+    old_log_prob = batch["action_log_prob"][mask]
+    advantage = batch["advantage"][mask]
+    if normalize:
+        advantage = (advantage - advantage.mean()) / (advantage.std(correction=0) + 1e-8)
+    ratio = (log_prob - old_log_prob).exp().unsqueeze(-1)
+    clipped = ratio.clamp(1 - CLIP, 1 + CLIP)
+    target = batch["value_target"][mask]
+    critic = (value - target).square()
+    result = {}
+    if clip_value:
+        old = batch["state_value"][mask]
+        value_clipped = old + (value - old).clamp(-CLIP_VALUE, CLIP_VALUE)
+        critic = torch.maximum(critic, (value_clipped - target).square())
+        result["value_clip_fraction"] = ((value - old).abs() > CLIP_VALUE).float().mean()
+    entropy = dist.entropy()
+    result.update(
+        loss_objective=-torch.minimum(ratio * advantage, clipped * advantage).mean(),
+        loss_critic=CRITIC * critic.mean(),
+        loss_entropy=-ENTROPY * entropy.mean(),
+        clip_fraction=((ratio < 1 - CLIP) | (ratio > 1 + CLIP)).float().mean(),
+        kl_approx=(old_log_prob - log_prob).mean(),
+        entropy=entropy.mean(),
+        ESS=ratio.sum().square() / ratio.square().sum() / ratio.numel(),
+        explained_variance=1 - (target - value).var(correction=0) / target.var(correction=0),
+        max_ratio=ratio.max(),
+        mean_ratio=ratio.mean(),
+    )
+    return result, log_prob
+
+
+def _garbage(batch, seed=5):
+    """Large random values (NaN-free) in every padded position of every key."""
+    g = torch.Generator().manual_seed(seed)
+    pad = ~batch["loss_mask"]
+    dirty = batch.clone()
+    for key in ("observation", "advantage", "value_target", "state_value", "action_log_prob"):
+        x = dirty[key]
+        x[pad] = 1e3 * torch.randn(x[pad].shape, generator=g)
+    for key in ("recurrent_state_h", "recurrent_state_c", "recurrent_state"):
+        if dirty.get(key, None) is not None:
+            x = dirty[key]
+            x[pad] = 1e2 * torch.randn(x[pad].shape, generator=g)
+    dirty["action"][pad] = torch.randint(0, ACTIONS, dirty["action"][pad].shape, generator=g)
+    dirty["is_init"][pad] = torch.rand(dirty["is_init"][pad].shape, generator=g) < 0.5
+    return dirty
+
+
+def _loss(agent, **kwargs):
+    return RecurrentPPOLoss(
+        agent.actor,
+        agent.critic,
+        clip_epsilon=CLIP,
+        entropy_coeff=ENTROPY,
+        critic_coeff=CRITIC,
+        loss_critic_type="l2",
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize("normalize", [False, True], ids=["raw", "normalized"])
+@pytest.mark.parametrize("clip_value", [False, True], ids=["no-clip-value", "clip-value"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_terms_and_diagnostics_match_the_masked_reference(kind, normalize, clip_value):
+    agent = make_agent(kind)
+    batch = _padded(agent)
+    assert (~batch["loss_mask"]).any()
+    with torch.no_grad():
+        _, log_prob = _reference(agent, batch)
+    # behaviour log-probs near the current ones: some ratios are clipped, none are 1
+    mask = batch["loss_mask"]
+    g = torch.Generator().manual_seed(2)
+    batch["action_log_prob"][mask] = log_prob + 0.3 * torch.randn(log_prob.shape, generator=g)
+    dirty = _garbage(batch)
+    loss = _loss(
+        agent, normalize_advantage=normalize, clip_value=CLIP_VALUE if clip_value else None
+    )
+    expected, _ = _reference(agent, batch, normalize=normalize, clip_value=clip_value)
+    out = loss(dirty)
+    keys = KEYS + (("value_clip_fraction",) if clip_value else ())
+    assert set(out.keys()) == set(keys)
+    for key in keys:
+        assert out[key].shape == (), key
+        torch.testing.assert_close(out[key], expected[key].detach(), atol=1e-5, rtol=1e-5, msg=key)
+    assert 0 < out["clip_fraction"] < 1
+    if clip_value:
+        assert 0 < out["value_clip_fraction"] < 1
+
+    # the same gradients as the reference's (padding never reaches them)
+    parameters = [
+        *agent.core.parameters(),
+        *agent.policy_head.parameters(),
+        *agent.value_head.parameters(),
+    ]
+    total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+    grads = torch.autograd.grad(total, parameters)
+    total_ref = expected["loss_objective"] + expected["loss_critic"] + expected["loss_entropy"]
+    grads_ref = torch.autograd.grad(total_ref, parameters)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        assert torch.isfinite(grad).all()
+        torch.testing.assert_close(grad, grad_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_diagnostics_at_unchanged_weights(kind):
+    agent = make_agent(kind)
+    batch = _padded(agent)
+    mask = batch["loss_mask"]
+    with torch.no_grad():
+        _, log_prob = _reference(agent, batch)
+    batch["action_log_prob"][mask] = log_prob
+    out = _loss(agent)(_garbage(batch))
+    assert out["clip_fraction"] == 0
+    for key in ("ESS", "max_ratio", "mean_ratio"):
+        torch.testing.assert_close(out[key], torch.tensor(1.0), msg=key)
+    assert out["kl_approx"].abs() < 1e-6
+
+    # TorchRL's ClipPPOLoss on the same batch (clean zero padding): masked loss terms, but
+    # diagnostics over the padding too
+    torchrl = ClipPPOLoss(agent.actor, agent.critic, clip_epsilon=CLIP, loss_critic_type="l2")
+    torchrl.loss_mask_key = "loss_mask"
+    with set_recurrent_mode(True):
+        theirs = torchrl(batch)
+    padding = (~mask).float().mean()
+    torch.testing.assert_close(theirs["clip_fraction"], padding)
+    assert theirs["kl_approx"] > 0.1 * padding  # -log pi(a) on every padded step, not 0
+    assert theirs["ESS"].shape != () and theirs["explained_variance"].shape != ()
+
+
+def test_garbage_changes_nothing():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    loss = _loss(agent, normalize_advantage=True, clip_value=CLIP_VALUE)
+    clean, dirty = loss(batch), loss(_garbage(batch))
+    for key, value in clean.items():
+        torch.testing.assert_close(value, dirty[key], msg=key)
+
+
+def test_input_is_not_modified_and_outputs_log_as_scalars(tmp_path):
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    before = batch.clone()
+    out = _loss(agent, clip_value=True)(batch)
+    assert set(batch.keys(True, True)) == set(before.keys(True, True))
+    assert (batch == before).all()
+    logger = CSVLogger("run", log_dir=str(tmp_path))
+    for key, value in out.items():
+        assert value.ndim == 0, key
+        logger.log_scalar(key, value.detach(), step=0)
+    written = {p.stem for p in (tmp_path / "run" / "scalars").glob("*.csv")}
+    assert written == set(out.keys())
+
+
+def test_without_a_mask_every_step_is_real():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    full = batch[batch["loss_mask"].all(-1)]  # the sequences with no padding
+    assert full.batch_size[0] > 0
+    loss = _loss(agent)
+    with_mask, without = loss(full), loss(full.exclude("loss_mask"))
+    for key, value in with_mask.items():
+        torch.testing.assert_close(value, without[key], msg=key)
+
+
+def test_the_mask_key_is_one_setting():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    expected = _loss(agent)(_garbage(batch))
+    renamed = _garbage(batch).rename_key_("loss_mask", ("masks", "real"))
+    by_keyword = _loss(agent, loss_mask_key=("masks", "real"))
+    by_set_keys = _loss(agent)
+    by_set_keys.set_keys(loss_mask=("masks", "real"))
+    by_attribute = _loss(agent)
+    by_attribute.loss_mask_key = ("masks", "real")  # TorchRL's LossModule attribute
+    for loss in (by_keyword, by_set_keys, by_attribute):
+        assert loss.loss_mask_key == loss.tensor_keys.loss_mask == ("masks", "real")
+        assert ("masks", "real") in loss.in_keys
+        out = loss(renamed)
+        for key, value in expected.items():
+            torch.testing.assert_close(out[key], value, msg=key)
+    loss = _loss(agent)
+    loss.loss_mask_key = "other"
+    assert loss.tensor_keys.loss_mask == "other"
+    with pytest.raises(ValueError, match="always masked"):
+        loss.loss_mask_key = None
+
+
+def test_refusals():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    loss = _loss(agent)
+    with pytest.raises(ValueError, match="bool"):
+        loss(batch.set("loss_mask", batch["loss_mask"].float()))
+    with pytest.raises(ValueError, match="normalize_advantage_exclude_dims"):
+        _loss(agent, normalize_advantage_exclude_dims=(-1,))
+    with pytest.raises(KeyError, match="value_target"):
+        _loss(agent)(_padded(agent).exclude("value_target"))
+
+
+def test_entropy_is_the_mean_over_real_steps():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    out = RecurrentPPOLoss(agent.actor, agent.critic)(batch)
+    assert 0 < out["entropy"] <= math.log(ACTIONS) + 1e-6
+    assert out["loss_critic"] > 0
+    reference, _ = _reference(agent, batch)
+    # the default critic loss is smooth L1, weighted by critic_coeff = 1
+    mask = batch["loss_mask"]
+    states = [batch[k][:, 0] for k in agent.state_keys]
+    embed, _ = agent.run(batch["observation"], states)
+    value = agent.value_head(embed)[mask]
+    expected = F.smooth_l1_loss(value, batch["value_target"][mask])
+    torch.testing.assert_close(out["loss_critic"], expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out["entropy"], reference["entropy"], atol=1e-6, rtol=1e-5)
+
+
+def test_a_batch_of_one_dimension():
+    """``[N]`` steps (no time) work too: a recurrent network is not required."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor
+
+    torch.manual_seed(0)
+    actor = ProbabilisticActor(
+        TensorDictModule(torch.nn.Linear(3, 2), ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+    batch = TensorDict(
+        {
+            "observation": torch.randn(6, 3),
+            "advantage": torch.randn(6, 1),
+            "value_target": torch.randn(6, 1),
+            "loss_mask": torch.tensor([True] * 4 + [False] * 2),
+        },
+        batch_size=[6],
+    )
+    with torch.no_grad():
+        batch = actor(batch)
+    out = RecurrentPPOLoss(actor, critic)(batch)
+    assert all(v.shape == () for v in out.values())
+    assert out["clip_fraction"] == 0
+
+
+def test_reduction_none_keeps_positions_and_zeroes_padding():
+    agent = make_agent("lstm")
+    batch = _garbage(_padded(agent))
+    mask = batch["loss_mask"]
+    out = _loss(agent, reduction="none")(batch)
+    mean = _loss(agent)(batch)
+    for key in ("loss_objective", "loss_critic", "loss_entropy"):
+        assert out[key].shape == mask.shape, key
+        assert (out[key][~mask] == 0).all(), key
+        torch.testing.assert_close(out[key][mask].mean(), mean[key], msg=key)
+    assert out["clip_fraction"].shape == () and out["ESS"].shape == ()
