@@ -40,7 +40,9 @@ def sb3_child(seed: int, total_steps: int, episodes: int, threads: int) -> None:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    import rppo_td  # noqa: F401  (registers the env)
+    from rppo_td.envs import register_envs
+
+    register_envs()
 
     if threads > 0:
         torch.set_num_threads(threads)

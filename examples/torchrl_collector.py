@@ -2,14 +2,16 @@
 
 A TorchRL ``Collector`` gathers ``[W, T]`` rollouts from ``W`` CartPole environments with an
 LSTM policy; rppo_td turns each rollout into padded sequences ``[N, Lp]`` with a ``loss_mask``;
-TorchRL's ``ClipPPOLoss`` trains on minibatches of whole sequences, masked by ``loss_mask``.
+``rppo_td.RecurrentPPOLoss`` (a subclass of TorchRL's ``ClipPPOLoss``) trains on minibatches of
+whole sequences, its loss terms and diagnostics over the real steps only.
 
     python examples/torchrl_collector.py                  # 30 updates, under a minute on a CPU
     RPPO_TD_TINY=1 python examples/torchrl_collector.py   # two updates, for CI
 
 Thirty updates are a demonstration of the wiring, not a trained agent.
 
-Only the data path is rppo_td's; the policy, the loss and the collector are TorchRL's.
+The policy, the environments and the collector are TorchRL's; the data path and the masked
+loss are rppo_td's.
 """
 
 from __future__ import annotations
@@ -21,26 +23,11 @@ import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.collectors import Collector
-from torchrl.envs import (
-    Compose,
-    ExcludeTransform,
-    GymEnv,
-    InitTracker,
-    RewardSum,
-    SerialEnv,
-    TransformedEnv,
-)
-from torchrl.modules import (
-    MLP,
-    LSTMModule,
-    ProbabilisticActor,
-    ValueOperator,
-    set_recurrent_mode,
-)
-from torchrl.objectives import ClipPPOLoss
+from torchrl.envs import Compose, GymEnv, InitTracker, RewardSum, SerialEnv, TransformedEnv
+from torchrl.modules import MLP, LSTMModule, ProbabilisticActor, ValueOperator
 
 import rppo_td
-from rppo_td.functional import masked_mean, masked_normalize
+from rppo_td.functional import masked_mean
 
 
 @dataclass
@@ -97,7 +84,7 @@ def main(cfg: Config) -> None:
         TensorDictSequential(lstm, logits),
         in_keys=["logits"],
         distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,  # writes action_log_prob, which ClipPPOLoss reads
+        return_log_prob=True,  # writes action_log_prob, which the loss reads
     )
     # the critic shares the LSTM; its head reads the same embedding
     critic = TensorDictSequential(
@@ -129,11 +116,11 @@ def main(cfg: Config) -> None:
 
     # ---- rppo_td: rollout [W, T] -> padded sequences [N, Lp] --------------------------------
     # GAE calls the critic one step at a time (the LSTM's sequential mode) from the state stored
-    # at each step, for state_value and ("next", "state_value"); the critic's by-products
-    # (the embedding, the state after the next step) are dropped before padding.
+    # at each step, for state_value and ("next", "state_value"); it runs the critic on a
+    # selection of the critic's inputs, so only those two values (and the advantages) enter
+    # the rollout.
     pipeline = Compose(
         rppo_td.GAE(gamma=cfg.gamma, lmbda=cfg.lmbda, value_network=critic),
-        ExcludeTransform("embed", ("next", "embed"), ("next", "next")),
         rppo_td.EpisodeSplitter(),
         rppo_td.SequenceChunker(sequence_length=cfg.sequence_length),
         rppo_td.SequencePadder(),
@@ -142,9 +129,16 @@ def main(cfg: Config) -> None:
         cfg.num_minibatches, generator=torch.Generator().manual_seed(cfg.seed)
     )
 
-    # ---- the loss: TorchRL's ClipPPOLoss, reductions over real steps only -------------------
-    loss_fn = ClipPPOLoss(actor, critic, clip_epsilon=0.2, entropy_coeff=0.01)
-    loss_fn.loss_mask_key = "loss_mask"  # every loss_* term is a mean over loss_mask
+    # ---- the loss: RecurrentPPOLoss, everything over real steps only ------------------------
+    # A ClipPPOLoss subclass: it reads loss_mask, normalises the advantage over the real steps
+    # and runs the LSTM in recurrent mode itself (each sequence from the state stored at
+    # position 0; padding comes after the real steps, so it never changes a real step's
+    # output). TorchRL's own ClipPPOLoss with `loss_fn.loss_mask_key = "loss_mask"` (inside
+    # `set_recurrent_mode(True)`) gives the same loss terms, but its diagnostics are inflated
+    # by the padding: clip_fraction and kl_approx are not 0 at unchanged weights.
+    loss_fn = rppo_td.RecurrentPPOLoss(
+        actor, critic, clip_epsilon=0.2, entropy_coeff=0.01, normalize_advantage=True
+    )
     optimizer = torch.optim.Adam(loss_fn.parameters(), lr=cfg.lr)
 
     for update, rollout in enumerate(collector):
@@ -167,7 +161,6 @@ def main(cfg: Config) -> None:
             ("next", "recurrent_state_c"),
         )
         padded = pipeline(rollout)
-        padded["advantage"] = masked_normalize(padded["advantage"], padded["loss_mask"])
         if update == 0:
             print(f"rollout   {tuple(rollout.batch_size)}  (W, T)")
             print(f"padded    {tuple(padded.batch_size)}  (N, Lp)")
@@ -180,12 +173,8 @@ def main(cfg: Config) -> None:
                 "  (N, Lp, layers, H); position 0 starts each sequence"
             )
         for _ in range(cfg.epochs):
-            for minibatch in sampler(padded):
-                # recurrent mode: the LSTM runs over the Lp steps of each sequence from the
-                # state stored at position 0; padding comes after the real steps, so it never
-                # changes a real step's output
-                with set_recurrent_mode(True):
-                    losses = loss_fn(minibatch)
+            for minibatch in sampler(padded):  # [B, Lp]
+                losses = loss_fn(minibatch)
                 loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                 optimizer.zero_grad()
                 loss.backward()
@@ -197,7 +186,8 @@ def main(cfg: Config) -> None:
         recent = f"{returns.mean().item():6.1f}" if returns.numel() else "   n/a"
         print(
             f"update {update + 1:3d}  last minibatch {tuple(minibatch.batch_size)}  "
-            f"loss {loss.item():+.3f}  |value error| {value_error.item():.3f}  "
+            f"loss {loss.item():+.3f}  kl {losses['kl_approx'].item():+.4f}  "
+            f"|value error| {value_error.item():.3f}  "
             f"episodes ended {returns.numel():2d}  mean return {recent}"
         )
         collector.update_policy_weights_()

@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+
+if TYPE_CHECKING:  # annotations only: the functional layer imports torch alone
+    from tensordict import NestedKey, TensorDictBase
 
 __all__ = [
     "check_balance",

@@ -1,15 +1,24 @@
 """Built-in environments and env construction helpers.
 
-Importing ``rppo_td`` registers ``rppo_td/CartPoleNoVel-v1`` with gymnasium: CartPole-v1
-dynamics and its 500-step time limit (a truncation), observing only the cart position and
-the pole angle, so a memory-less policy cannot infer the velocities.
+``rppo_td/CartPoleNoVel-v1`` is CartPole-v1 dynamics and its 500-step time limit (a
+truncation), observing only the cart position and the pole angle, so a memory-less policy
+cannot infer the velocities. Importing ``rppo_td.envs`` registers it with gymnasium, as
+gymnasium's ``module:EnvId`` convention expects (``gym.make("rppo_td.envs:rppo_td/
+CartPoleNoVel-v1")`` works); importing ``rppo_td`` or ``rppo_td.functional`` does not load this
+package. ``resolve_env_id`` (so ``make_env``, ``make_vector_env`` and the trainer) registers it on
+first use too, and ``register_envs()`` does so explicitly.
 
 ``make_env`` and ``make_vector_env`` check what an env returns and raise ``EnvError``
 (naming the env and the problem) instead of training on bad data, and show the env through
 the spaces the agent is built from (discrete spaces from 0, flat action vectors).
 """
 
-from rppo_td.envs._cartpole_novel import CARTPOLE_NOVEL_ID, VelocityMask, make_cartpole_novel
+from rppo_td.envs._cartpole_novel import (
+    CARTPOLE_NOVEL_ID,
+    VelocityMask,
+    make_cartpole_novel,
+    register_envs,
+)
 from rppo_td.envs._checks import EnvError
 from rppo_td.envs._make import make_env, make_vector_env, resolve_env_id
 
@@ -20,5 +29,9 @@ __all__ = [
     "make_cartpole_novel",
     "make_env",
     "make_vector_env",
+    "register_envs",
     "resolve_env_id",
 ]
+
+# gymnasium's module:EnvId convention: importing the env package registers its envs
+register_envs()

@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-__all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel"]
+__all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register_envs"]
 
 CARTPOLE_NOVEL_ID = "rppo_td/CartPoleNoVel-v1"
 
@@ -59,8 +59,18 @@ def make_cartpole_novel(render_mode: str | None = None, **kwargs: Any) -> gym.En
     return VelocityMask(CartPoleEnv(render_mode=render_mode, **kwargs))
 
 
-def register() -> None:
-    """Registers ``CARTPOLE_NOVEL_ID`` once (importing ``rppo_td`` calls this)."""
+def register_envs() -> None:
+    """Registers ``CARTPOLE_NOVEL_ID`` with gymnasium; calling it again does nothing.
+
+    Importing ``rppo_td.envs`` calls it (importing ``rppo_td`` does not), and so does
+    ``rppo_td.envs.resolve_env_id`` (so ``make_env``, ``make_vector_env``, ``rppo-train`` and
+    ``rppo-eval``) on first use. Gymnasium 1.x loads no plugin entry points.
+
+    Example:
+        >>> register_envs()
+        >>> gym.make(CARTPOLE_NOVEL_ID).observation_space.shape
+        (2,)
+    """
     if CARTPOLE_NOVEL_ID in gym.registry:
         return
     gym.register(
@@ -69,6 +79,3 @@ def register() -> None:
         reward_threshold=475.0,
         max_episode_steps=500,
     )
-
-
-register()

@@ -10,6 +10,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import SyncVectorEnv
 
+from rppo_td.envs._cartpole_novel import register_envs
 from rppo_td.envs._checks import EnvChecker, EnvError
 from rppo_td.envs._spaces import CanonicalSpaces, canonical_observation_space
 from rppo_td.envs._vector import CheckedVectorEnv
@@ -19,6 +20,8 @@ __all__ = ["make_env", "make_vector_env", "resolve_env_id"]
 
 def resolve_env_id(env_id: str) -> str:
     """Imports the module of a ``module:EnvId`` id and checks the id is registered.
+
+    Registers the built-in envs first (``register_envs``), so their ids always resolve.
 
     Args:
         env_id: a registered gymnasium id (``CartPole-v1``, ``rppo_td/CartPoleNoVel-v1``) or
@@ -36,6 +39,7 @@ def resolve_env_id(env_id: str) -> str:
     """
     if not isinstance(env_id, str) or not env_id.strip():
         raise ValueError(f"env must be a non-empty gymnasium id, got {env_id!r}")
+    register_envs()
     module, sep, name = env_id.partition(":")
     if sep:
         if not module or not name:
@@ -110,6 +114,7 @@ def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> SyncVectorEnv:
 
 
 def _make(name: str, kwargs: dict[str, Any], *, check_observations: bool) -> gym.Env:
+    register_envs()  # a _Maker unpickled in a fresh process
     spec = gym.spec(name)
     creator = _CheckedCreator(name, spec.entry_point, check_observations=check_observations)
     kwargs = {"disable_env_checker": True, **kwargs}

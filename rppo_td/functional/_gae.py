@@ -7,9 +7,9 @@ Estimation", ICLR 2016.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
-from tensordict import NestedKey
 
 from rppo_td._validation import (
     check_device,
@@ -23,6 +23,9 @@ from rppo_td._validation import (
     check_values,
     done_consistent,
 )
+
+if TYPE_CHECKING:  # annotations only: functional imports torch alone
+    from tensordict import NestedKey
 
 __all__ = ["discounted_segment_sum", "generalized_advantage_estimate"]
 

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import composite_lp_aggregate
-from torch import nn
-from torchrl.modules import GRUModule, LSTMModule
 from torchrl.objectives.value import ValueEstimatorBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import check_not_padded, check_unit_interval, get_key
+from rppo_td._values import network_values
 from rppo_td.functional import generalized_advantage_estimate
 
 __all__ = ["GAEEstimator"]
@@ -221,69 +219,13 @@ class GAEEstimator(ValueEstimatorBase):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients."""
         keys = self.tensor_keys
-        network = self.value_network
-        in_keys = list(getattr(network, "in_keys", []))
-        if in_keys:
-            root = tensordict.select(*in_keys, strict=False)
-            following = _sub_tensordict(tensordict, "next").select(*in_keys, strict=False)
-        else:  # a plain callable: give it copies it may write into
-            root = tensordict.copy()
-            following = _sub_tensordict(tensordict, "next").copy()
-        if _runs_recurrent(network):
-            if time_dim != tensordict.batch_dims - 1:
-                raise ValueError(
-                    "a recurrent value network runs along the last batch dimension; "
-                    f"time_dim is {time_dim} for batch size {list(tensordict.batch_size)}"
-                )
-            is_init = get_key(
-                tensordict, keys.is_init, hint="(a recurrent value network splits at it)"
-            )
-            next_init = following.get(keys.is_init, None)
-            # split rollout["next"] where the root starts an episode: the next observation
-            # after a reset must start from its own stored state, not run on from the old one
-            following.set(keys.is_init, is_init if next_init is None else next_init | is_init)
-        elif root.get(keys.is_init, None) is not None and keys.is_init not in following.keys(
-            include_nested=True
-        ):
-            # outside recurrent mode is_init zeroes the state; the next step continues it
-            following.set(keys.is_init, torch.zeros_like(root.get(keys.is_init)))
-        if params is not None:
-            params = params.detach()
-        if target_params is None:
-            target_params = params
-        with torch.no_grad():
-            with _parameters(params, network):
-                value = get_key(network(root), keys.value, hint="(value_network's output)")
-            with _parameters(target_params, network):
-                next_value = get_key(
-                    network(following), keys.value, hint="(value_network's output on 'next')"
-                )
-        return value, next_value
-
-
-def _sub_tensordict(td: TensorDictBase, key: NestedKey) -> TensorDictBase:
-    """``td[key]`` when it is a tensordict, else a ``KeyError`` naming it."""
-    value = td.get(key, None)
-    if not isinstance(value, TensorDictBase):
-        raise KeyError(f"GAEEstimator needs the sub-tensordict {key!r} (the next step's data)")
-    return value
-
-
-def _runs_recurrent(network: object) -> bool:
-    """Whether a TorchRL LSTM/GRU inside ``network`` would run in recurrent mode now."""
-    if not isinstance(network, nn.Module):
-        return False
-    return any(
-        bool(module.recurrent_mode)
-        for module in network.modules()
-        if isinstance(module, (LSTMModule, GRUModule))
-    )
-
-
-def _parameters(
-    params: TensorDictBase | None, network: object
-) -> contextlib.AbstractContextManager[object]:
-    """Runs ``network`` with ``params`` (TorchRL's functional parameters) inside the block."""
-    if params is None:
-        return contextlib.nullcontext()
-    return params.to_module(network, preserve_module_state=False)  # type: ignore[return-value]
+        return network_values(
+            self.value_network,
+            tensordict,
+            value_key=keys.value,
+            is_init_key=keys.is_init,
+            time_dim=time_dim,
+            who="GAEEstimator",
+            params=params,
+            target_params=target_params,
+        )

@@ -11,7 +11,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td.functional._minibatch import plan_minibatches
+from rppo_td.functional import plan_minibatches
 from rppo_td.sampling._sampler import Balance, check_minibatch_args, mask_conditions
 
 __all__ = ["SequenceReplaySampler"]

@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
+from rppo_td._layout import SequenceLayout, gather_sequences
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -19,8 +20,7 @@ from rppo_td._validation import (
     get_key,
     none_true,
 )
-from rppo_td.functional._minibatch import plan_minibatches
-from rppo_td.transforms._layout import SequenceLayout, gather_sequences
+from rppo_td.functional import plan_minibatches
 
 __all__ = ["SequenceSampler"]
 

@@ -1,6 +1,7 @@
-"""``rppo-train``: recurrent PPO on a gymnasium env, on top of the rppo_td pipeline.
+"""``rppo-train`` and ``rppo-eval``: recurrent PPO on a gymnasium env, on the rppo_td pipeline.
 
-``python -m rppo_td.train --help`` lists every setting.
+``python -m rppo_td.train --help`` lists every setting; ``evaluate_main`` is ``rppo-eval``
+(``python -m rppo_td.evaluate``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import threading
 
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
+from rppo_td.train._evaluate import evaluate_agent
+from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
 from rppo_td.train._outputs import SUMMARY_KEYS
 
@@ -20,6 +23,8 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "build_parser",
+    "evaluate_agent",
+    "evaluate_main",
     "list_presets",
     "main",
     "train",

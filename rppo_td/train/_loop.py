@@ -17,7 +17,6 @@ import torch
 from tqdm import tqdm
 
 from rppo_td.envs import make_vector_env
-from rppo_td.evaluate import evaluate_agent
 from rppo_td.train._checkpoint import (
     check_resumable,
     checkpoint_file,
@@ -28,6 +27,7 @@ from rppo_td.train._checkpoint import (
     set_rng_state,
 )
 from rppo_td.train._config import TrainConfig
+from rppo_td.train._evaluate import evaluate_agent
 from rppo_td.train._outputs import (
     MetricsLog,
     fcntl_available,

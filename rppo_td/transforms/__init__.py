@@ -3,7 +3,6 @@
 from rppo_td.transforms._device import DeviceMover
 from rppo_td.transforms._episodes import EpisodeSplitter, SequenceChunker
 from rppo_td.transforms._gae import GAE
-from rppo_td.transforms._layout import SequenceLayout
 from rppo_td.transforms._padder import SequencePadder
 
 __all__ = [
@@ -11,6 +10,5 @@ __all__ = [
     "DeviceMover",
     "EpisodeSplitter",
     "SequenceChunker",
-    "SequenceLayout",
     "SequencePadder",
 ]

@@ -19,11 +19,7 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional._sequences import (
-    chunk_episodes_unchecked,
-    episode_ids_unchecked,
-    episode_starts,
-)
+from rppo_td.functional import chunk_episodes_unchecked, episode_ids_unchecked, episode_starts
 from rppo_td.transforms._base import RolloutTransform
 
 __all__ = ["EpisodeSplitter", "SequenceChunker"]

@@ -15,7 +15,8 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional._gae import check_gae_inputs, gae_unchecked
+from rppo_td._values import network_values
+from rppo_td.functional import check_gae_inputs, gae_unchecked
 from rppo_td.transforms._base import RolloutTransform
 
 __all__ = ["GAE"]
@@ -47,9 +48,17 @@ class GAE(RolloutTransform):
     Args:
         gamma: discount in ``[0, 1]``.
         lmbda: GAE lambda in ``[0, 1]``.
-        value_network: optional TensorDict module writing ``state_value``; called without
-            gradients on the rollout and on ``rollout["next"]`` for whichever of
-            ``state_value`` and ``("next", "state_value")`` is missing.
+        value_network: optional TensorDict module writing ``state_value``, called (without
+            gradients) when ``state_value`` or ``("next", "state_value")`` is missing, and
+            only the missing one is written. It runs on a selection of its ``in_keys`` of the
+            rollout and of ``rollout["next"]``, so its by-products (an LSTM's
+            ``("next", "recurrent_state_h")``) never overwrite the rollout. TorchRL's
+            ``LSTMModule`` / ``GRUModule`` are evaluated as
+            [`GAEEstimator`][rppo_td.GAEEstimator] evaluates them (the same code): outside
+            recurrent mode every step from its stored state; inside
+            ``set_recurrent_mode(True)`` each row as a sequence split at ``is_init``, and
+            ``rollout["next"]`` split at the root's ``is_init`` too, so it never runs across
+            a reset.
         keys: key overrides (also ``set_keys(...)`` after construction).
 
     ``in_keys`` are ``reward``, ``state_value``, ``next_state_value``, ``terminated``,
@@ -168,13 +177,18 @@ class GAE(RolloutTransform):
                 f"GAE with a value_network computes {keys.next_state_value!r} by calling the "
                 f"network on tensordict['next']; it must be ('next', *{keys.state_value!r})"
             )
-        with torch.no_grad():
-            if missing_now:
-                self.value_network(tensordict)
-            if missing_next:
-                next_td = tensordict.get("next")
-                self.value_network(next_td)
-                tensordict.set("next", next_td)
+        value, next_value = network_values(
+            self.value_network,
+            tensordict,
+            value_key=keys.state_value,
+            is_init_key=keys.is_init,
+            time_dim=tensordict.batch_dims - 1,
+            who="GAE",
+        )
+        if missing_now:
+            tensordict.set(keys.state_value, value)
+        if missing_next:
+            tensordict.set(keys.next_state_value, next_value)
 
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:

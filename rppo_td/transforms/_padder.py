@@ -6,6 +6,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._keys import RolloutKeys
+from rppo_td._layout import SequenceLayout
 from rppo_td._validation import (
     check_dtype,
     check_not_meta,
@@ -15,9 +16,8 @@ from rppo_td._validation import (
     get_key,
     none_true,
 )
-from rppo_td.functional._padding import unpad_rows
+from rppo_td.functional import unpad_rows
 from rppo_td.transforms._base import RolloutTransform
-from rppo_td.transforms._layout import SequenceLayout
 
 __all__ = ["SequencePadder"]
 

@@ -11,7 +11,7 @@ import threading
 
 import gymnasium as gym
 
-from rppo_td.envs import CARTPOLE_NOVEL_ID
+from rppo_td.envs import CARTPOLE_NOVEL_ID, register_envs
 
 FAIL_AT_STEP = "RPPO_TD_TEST_FAIL_AT_STEP"
 
@@ -43,6 +43,7 @@ class Unpicklable(gym.Wrapper):
         self.lock = threading.Lock()
 
 
+register_envs()  # the wrappers gym.make the built-in task
 for _name, _entry in (("Flaky", Flaky), ("Unpicklable", Unpicklable)):
     if f"rppo_td_fault/{_name}-v0" not in gym.registry:
         gym.register(id=f"rppo_td_fault/{_name}-v0", entry_point=_entry)

@@ -15,11 +15,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import rppo_td  # noqa: F401  (registers rppo_td/CartPoleNoVel-v1)
 from rppo_td.agent import RecurrentActorCritic
-from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env
-from rppo_td.evaluate import evaluate_agent
+from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env, register_envs
+from rppo_td.train import evaluate_agent
 from rppo_td.train._torchrl_collector import TorchRLCollector
+
+register_envs()  # gym.make of the built-in task below
 
 AT = 3
 

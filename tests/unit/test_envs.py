@@ -2,19 +2,88 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
-import rppo_td  # noqa: F401  (registers the env)
-from rppo_td.envs import CARTPOLE_NOVEL_ID, make_env, make_vector_env, resolve_env_id
+from rppo_td.envs import (
+    CARTPOLE_NOVEL_ID,
+    make_env,
+    make_vector_env,
+    register_envs,
+    resolve_env_id,
+)
+
+register_envs()
 
 
-def test_registered_on_import():
+def _run(code: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_registered_by_register_envs():
     assert CARTPOLE_NOVEL_ID == "rppo_td/CartPoleNoVel-v1"
     spec = gym.spec(CARTPOLE_NOVEL_ID)
     assert spec.max_episode_steps == 500
+    register_envs()  # a second call does nothing
+    assert gym.spec(CARTPOLE_NOVEL_ID) is spec
+
+
+def test_importing_has_no_side_effects():
+    # functional needs torch alone; rppo_td registers nothing; rppo_td.envs registers its env
+    _run(
+        "import sys, rppo_td.functional\n"
+        "loaded = {'torchrl', 'gymnasium', 'tensordict'} & set(sys.modules)\n"
+        "assert not loaded, loaded\n"
+        "import rppo_td, gymnasium as gym\n"
+        f"assert {CARTPOLE_NOVEL_ID!r} not in gym.registry\n"
+        "assert 'torchrl' not in sys.modules\n"
+        "import rppo_td.envs\n"
+        f"assert {CARTPOLE_NOVEL_ID!r} in gym.registry\n"
+    )
+
+
+def test_gymnasium_module_syntax_registers():
+    _run(
+        "import gymnasium as gym\n"
+        f"env = gym.make('rppo_td.envs:{CARTPOLE_NOVEL_ID}')\n"
+        "assert env.observation_space.shape == (2,)\n"
+    )
+
+
+def test_first_use_registers():
+    _run(
+        "import gymnasium as gym\n"
+        "from rppo_td.envs import make_env\n"
+        f"assert make_env({CARTPOLE_NOVEL_ID!r}).observation_space.shape == (2,)\n"
+        f"assert gym.make({CARTPOLE_NOVEL_ID!r}).spec.max_episode_steps == 500\n"
+    )
+
+
+def test_top_level_names_load_on_access():
+    _run(
+        "import sys, rppo_td\n"
+        "assert 'torchrl' not in sys.modules\n"
+        "for name in rppo_td.__all__:\n"
+        "    assert getattr(rppo_td, name) is not None, name\n"
+        "assert set(rppo_td.__all__) <= set(dir(rppo_td))\n"
+        "from rppo_td import SequencePadder, functional\n"
+        "assert functional is sys.modules['rppo_td.functional']\n"
+        "assert rppo_td.envs.make_env is sys.modules['rppo_td.envs'].make_env\n"
+        "try:\n"
+        "    rppo_td.NoSuchName\n"
+        "except AttributeError as err:\n"
+        "    assert 'NoSuchName' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+    )
 
 
 def test_observation_is_position_and_angle():

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-import rppo_td  # noqa: F401  (registers rppo_td/CartPoleNoVel-v1)
 from rppo_td.agent import RecurrentActorCritic, observation_leaves
 from rppo_td.envs import make_env, make_vector_env
 from rppo_td.envs._checks import EnvChecker

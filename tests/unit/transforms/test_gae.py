@@ -8,10 +8,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
+from torchrl.modules import set_recurrent_mode
 
-from rppo_td import GAE, RolloutKeys
+from rppo_td import GAE, GAEEstimator, RolloutKeys
 from rppo_td.functional import generalized_advantage_estimate
+from rppo_td.testing.reference import reference_gae
 from tests.unit._data import small_rollout
+from tests.unit.objectives._nets import make_agent, step_rollout
 
 
 def _message(info):
@@ -134,6 +137,62 @@ def test_value_network_fills_missing_values():
     )
     torch.testing.assert_close(out["advantage"], expected)
     assert not out["advantage"].requires_grad
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["sequential", "recurrent"])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recurrent_value_network_matches_the_loop_oracle(kind, recurrent):
+    # step_rollout steps the network one step at a time: V(o_t | h_t), V(o_{t+1} | h_{t+1})
+    agent = make_agent(kind)
+    rollout, value, next_value = step_rollout(agent, W=3, T=12)
+    oracle = rollout.clone()
+    oracle["state_value"], oracle["next", "state_value"] = value, next_value
+    advantage, target = reference_gae(oracle, 0.9, 0.8)
+    before = rollout.clone()
+    with set_recurrent_mode(recurrent):
+        out = GAE(gamma=0.9, lmbda=0.8, value_network=agent.critic)(rollout)
+    assert out is rollout
+    torch.testing.assert_close(out["state_value"], value, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["next", "state_value"], next_value, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["advantage"].double(), advantage, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["value_target"].double(), target, atol=1e-5, rtol=1e-5)
+    # only the four keys are added: the stored ("next", "recurrent_state_*") stay as they were
+    added = {"advantage", "value_target", "state_value", ("next", "state_value")}
+    assert set(out.keys(True, True)) == set(before.keys(True, True)) | added
+    assert (out.exclude(*added) == before).all()
+    # the same numbers as the value estimator: one value-filling code path for both
+    with set_recurrent_mode(recurrent):
+        estimated = GAEEstimator(gamma=0.9, lmbda=0.8, value_network=agent.critic)(before)
+    torch.testing.assert_close(out["advantage"], estimated["advantage"])
+
+
+def test_calling_the_critic_on_the_rollout_in_recurrent_mode_is_wrong():
+    """What the transform avoids: ``next`` run across resets, stored states overwritten."""
+    agent = make_agent("lstm")
+    rollout, _, next_value = step_rollout(agent, W=3, T=12)
+    stored = rollout["next", "recurrent_state_h"].clone()
+    with set_recurrent_mode(True), torch.no_grad():
+        naive = rollout.clone()
+        agent.critic(naive)
+        assert not torch.equal(naive["next", "recurrent_state_h"], stored)
+        assert (
+            agent.critic(rollout["next"].clone())["state_value"] - next_value
+        ).abs().max() > 1e-3
+        out = GAE(gamma=0.9, lmbda=0.8, value_network=agent.critic)(rollout)
+    torch.testing.assert_close(out["next", "state_value"], next_value, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out["next", "recurrent_state_h"], stored)
+
+
+@pytest.mark.parametrize("recurrent", [False, True], ids=["sequential", "recurrent"])
+def test_recurrent_value_network_fills_only_the_missing_value(recurrent):
+    agent = make_agent("gru")
+    rollout, value, next_value = step_rollout(agent, W=2, T=8)
+    sentinel = torch.full_like(value, 3.0)
+    rollout["state_value"] = sentinel.clone()
+    with set_recurrent_mode(recurrent):
+        out = GAE(gamma=0.9, lmbda=0.8, value_network=agent.critic)(rollout)
+    assert torch.equal(out["state_value"], sentinel)
+    torch.testing.assert_close(out["next", "state_value"], next_value, atol=1e-5, rtol=1e-5)
 
 
 def test_value_network_not_called_when_values_present():

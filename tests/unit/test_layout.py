@@ -1,4 +1,4 @@
-"""Unit tests of rppo_td/transforms/_layout.py: SequenceLayout."""
+"""Unit tests of rppo_td/_layout.py: SequenceLayout."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""The index map shared by SequencePadder and SequenceSampler's lazy path."""
+"""SequenceLayout: the ``[N, Lp]`` index map shared by SequencePadder and the samplers.
+
+Not a transform: it sits between ``functional`` and both ``transforms`` (the padder) and
+``sampling`` (the sampler's lazy path), which import it from here.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +21,9 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional._padding import pad_rows
-from rppo_td.functional._sequences import sequence_layout
+from rppo_td.functional import pad_rows, sequence_layout
 
-__all__ = ["SequenceLayout"]
+__all__ = ["SequenceLayout", "gather_sequences"]
 
 _OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 

@@ -1,0 +1,124 @@
+"""Values from a (possibly recurrent) value network, shared by the GAE transform and estimator.
+
+``network_values`` runs a TensorDict value network on a ``[*B, T]`` rollout and on its
+``"next"`` sub-tensordict and returns ``(V(o_t), V(o_{t+1}))`` without writing anything into
+the rollout. TorchRL's ``LSTMModule`` / ``GRUModule`` are evaluated correctly in both modes:
+outside recurrent mode every step runs from the state stored with it; inside
+``set_recurrent_mode(True)`` each row runs as a sequence split where ``is_init`` is True, and
+``"next"`` is split at the root's ``is_init`` too, so it never runs across a reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from tensordict import NestedKey, TensorDictBase
+from torch import nn
+from torchrl.modules import GRUModule, LSTMModule
+
+from rppo_td._validation import get_key
+
+__all__ = ["network_values"]
+
+
+def network_values(
+    network: Callable[[TensorDictBase], TensorDictBase],
+    tensordict: TensorDictBase,
+    *,
+    value_key: NestedKey,
+    is_init_key: NestedKey,
+    time_dim: int,
+    who: str,
+    params: TensorDictBase | None = None,
+    target_params: TensorDictBase | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from ``network``, without gradients.
+
+    The network runs on a selection of its ``in_keys`` (a copy of the whole tensordict for a
+    plain callable without ``in_keys``) of the root and of ``tensordict["next"]``, so its
+    by-products (an LSTM's ``("next", "recurrent_state_h")``) never reach ``tensordict``.
+
+    Args:
+        network: a TensorDict module writing ``value_key``.
+        tensordict: ``[*B, T]`` rollout with a ``"next"`` sub-tensordict.
+        value_key: what the network writes (``state_value``); the next value is read from
+            the network's output on ``"next"`` under the same key.
+        is_init_key: first step of an episode, ``[*B, T, 1]`` bool; needed by a recurrent
+            network in recurrent mode.
+        time_dim: the time dimension; a network in recurrent mode needs it last.
+        who: the caller's name, for error messages.
+        params: parameters to run ``network`` with (TorchRL's functional parameters,
+            detached here); ``None``: the network's own.
+        target_params: parameters for the next values; ``None``: ``params``.
+
+    Returns:
+        ``(value, next_value)``, each ``[*B, T, 1]``, detached.
+    """
+    in_keys = list(getattr(network, "in_keys", []))
+    following_td = _sub_tensordict(tensordict, "next", who)
+    if in_keys:
+        root = tensordict.select(*in_keys, strict=False)
+        following = following_td.select(*in_keys, strict=False)
+    else:  # a plain callable: give it copies it may write into
+        root = tensordict.copy()
+        following = following_td.copy()
+    if _runs_recurrent(network):
+        if time_dim != tensordict.batch_dims - 1:
+            raise ValueError(
+                "a recurrent value network runs along the last batch dimension; "
+                f"time_dim is {time_dim} for batch size {list(tensordict.batch_size)}"
+            )
+        is_init = get_key(tensordict, is_init_key, hint="(a recurrent value network splits at it)")
+        next_init = following.get(is_init_key, None)
+        # split rollout["next"] where the root starts an episode: the next observation
+        # after a reset must start from its own stored state, not run on from the old one
+        following.set(is_init_key, is_init if next_init is None else next_init | is_init)
+    elif root.get(is_init_key, None) is not None and is_init_key not in following.keys(
+        include_nested=True
+    ):
+        # outside recurrent mode is_init zeroes the state; the next step continues it
+        following.set(is_init_key, torch.zeros_like(root.get(is_init_key)))
+    if params is not None:
+        params = params.detach()
+    if target_params is None:
+        target_params = params
+    with torch.no_grad():
+        with _parameters(params, network):
+            value = get_key(network(root), value_key, hint="(value_network's output)")
+        with _parameters(target_params, network):
+            next_value = get_key(
+                network(following),
+                value_key,
+                hint="(value_network's output on 'next')",
+            )
+    return value, next_value
+
+
+def _runs_recurrent(network: object) -> bool:
+    """Whether a TorchRL LSTM/GRU inside ``network`` would run in recurrent mode now."""
+    if not isinstance(network, nn.Module):
+        return False
+    return any(
+        bool(module.recurrent_mode)
+        for module in network.modules()
+        if isinstance(module, (LSTMModule, GRUModule))
+    )
+
+
+def _sub_tensordict(td: TensorDictBase, key: NestedKey, who: str) -> TensorDictBase:
+    """``td[key]`` when it is a tensordict, else a ``KeyError`` naming it."""
+    value = td.get(key, None)
+    if not isinstance(value, TensorDictBase):
+        raise KeyError(f"{who} needs the sub-tensordict {key!r} (the next step's data)")
+    return value
+
+
+def _parameters(
+    params: TensorDictBase | None, network: object
+) -> contextlib.AbstractContextManager[object]:
+    """Runs ``network`` with ``params`` (TorchRL's functional parameters) inside the block."""
+    if params is None:
+        return contextlib.nullcontext()
+    return params.to_module(network, preserve_module_state=False)  # type: ignore[return-value]

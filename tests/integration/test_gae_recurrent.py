@@ -1,0 +1,87 @@
+"""GAE(value_network=...) on a TorchRL Collector's rollout, in and out of recurrent mode.
+
+``Collector`` over ``SerialEnv`` of CartPole with ``InitTracker`` and a ``StepCounter`` time
+limit (terminations and truncations), an ``LSTMModule`` or ``GRUModule`` shared by the actor
+and the critic, and its primer. Outside recurrent mode the critic evaluates every step from
+the state the collector stored with it, ``V(o_t | h_t)`` and ``V(o_{t+1} | h_{t+1})``; inside
+``set_recurrent_mode(True)`` ``GAE(value_network=critic)`` must give the same values, agree with
+``GAEEstimator``, and leave the collector's stored ``("next", "recurrent_state_*")`` alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torchrl.collectors import Collector
+from torchrl.envs import GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+from torchrl.envs.transforms import Compose
+from torchrl.modules import (
+    GRUModule,
+    LSTMModule,
+    ProbabilisticActor,
+    ValueOperator,
+    set_recurrent_mode,
+)
+
+import rppo_td
+
+W, T, MAX_STEPS, HIDDEN = 2, 48, 20, 16
+GAMMA, LMBDA = 0.99, 0.95
+
+
+def _make_env():
+    return TransformedEnv(
+        GymEnv("CartPole-v1", categorical_action_encoding=True),
+        Compose(InitTracker(), StepCounter(max_steps=MAX_STEPS)),
+    )
+
+
+@pytest.fixture(scope="module", params=["lstm", "gru"])
+def collected(request):
+    torch.manual_seed(0)
+    module = LSTMModule if request.param == "lstm" else GRUModule
+    core = module(input_size=4, hidden_size=HIDDEN, in_key="observation", out_key="embed")
+    actor = ProbabilisticActor(
+        TensorDictSequential(
+            core, TensorDictModule(torch.nn.Linear(HIDDEN, 2), ["embed"], ["logits"])
+        ),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictSequential(
+        core, ValueOperator(torch.nn.Linear(HIDDEN, 1), in_keys=["embed"])
+    )
+    env = SerialEnv(W, _make_env)
+    env = env.append_transform(core.make_tensordict_primer())
+    env.set_seed(0)
+    collector = Collector(env, actor, frames_per_batch=W * T, total_frames=W * T)
+    try:
+        rollout = next(iter(collector))
+    finally:
+        collector.shutdown()
+        if not env.is_closed:
+            env.close()
+    assert rollout.batch_size == (W, T)
+    assert bool(rollout["next", "truncated"].any()) and bool(rollout["next", "terminated"].any())
+    return critic, rollout.exclude("collector")
+
+
+def test_inside_and_outside_recurrent_mode_agree(collected):
+    critic, rollout = collected
+    stored = rollout.clone()
+    outside = rppo_td.GAE(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(rollout.clone())
+    with set_recurrent_mode(True):
+        inside = rppo_td.GAE(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(rollout.clone())
+        estimated = rppo_td.GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(
+            rollout.clone()
+        )
+    for key in ("state_value", ("next", "state_value"), "advantage", "value_target"):
+        torch.testing.assert_close(inside[key], outside[key], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(inside[key], estimated[key], atol=1e-6, rtol=1e-6)
+    # nothing but the four keys is written: the collector's stored states are untouched
+    added = {"advantage", "value_target", "state_value", ("next", "state_value")}
+    for out in (inside, outside):
+        assert set(out.keys(True, True)) == set(stored.keys(True, True)) | added
+        assert (out.exclude(*added) == stored.exclude(*added)).all()
