@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict.nn import TensorDictModule, TensorDictSequential
-from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, ReplayBuffer, SamplerWithoutReplacement
 from torchrl.envs import GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
 from torchrl.envs.transforms import Compose
@@ -31,6 +30,7 @@ from rppo_td import (
     SequenceSampler,
 )
 from rppo_td.functional import masked_mean, masked_normalize
+from tests.integration._cartpole import collect_once
 
 NUM_WORKERS = 2
 STEPS = 48
@@ -89,16 +89,7 @@ def collected():
     agent = Agent(env)
     env = env.append_transform(agent.lstm.make_tensordict_primer())
     env.set_seed(0)
-    collector = Collector(
-        env, agent.actor, frames_per_batch=NUM_WORKERS * STEPS, total_frames=NUM_WORKERS * STEPS
-    )
-    try:
-        rollout = next(iter(collector))
-    finally:
-        collector.shutdown()
-        if not env.is_closed:
-            env.close()
-    return agent, rollout
+    return agent, collect_once(env, agent.actor, NUM_WORKERS * STEPS)
 
 
 def _ppo_loss(agent, minibatch, clip=0.2):

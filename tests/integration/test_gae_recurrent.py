@@ -10,31 +10,22 @@ the state the collector stored with it, ``V(o_t | h_t)`` and ``V(o_{t+1} | h_{t+
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
-from tensordict.nn import TensorDictModule, TensorDictSequential
-from torchrl.collectors import Collector
-from torchrl.envs import GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
-from torchrl.envs.transforms import Compose
+from torchrl.envs import SerialEnv
 from torchrl.modules import (
     GRUModule,
     LSTMModule,
-    ProbabilisticActor,
-    ValueOperator,
     set_recurrent_mode,
 )
 
 import rppo_td
+from tests.integration._cartpole import actor_critic, collect_once, time_limited_cartpole
 
 W, T, MAX_STEPS, HIDDEN = 2, 48, 20, 16
 GAMMA, LMBDA = 0.99, 0.95
-
-
-def _make_env():
-    return TransformedEnv(
-        GymEnv("CartPole-v1", categorical_action_encoding=True),
-        Compose(InitTracker(), StepCounter(max_steps=MAX_STEPS)),
-    )
 
 
 @pytest.fixture(scope="module", params=["lstm", "gru"])
@@ -42,27 +33,11 @@ def collected(request):
     torch.manual_seed(0)
     module = LSTMModule if request.param == "lstm" else GRUModule
     core = module(input_size=4, hidden_size=HIDDEN, in_key="observation", out_key="embed")
-    actor = ProbabilisticActor(
-        TensorDictSequential(
-            core, TensorDictModule(torch.nn.Linear(HIDDEN, 2), ["embed"], ["logits"])
-        ),
-        in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictSequential(
-        core, ValueOperator(torch.nn.Linear(HIDDEN, 1), in_keys=["embed"])
-    )
-    env = SerialEnv(W, _make_env)
+    actor, critic = actor_critic(core, HIDDEN)
+    env = SerialEnv(W, functools.partial(time_limited_cartpole, MAX_STEPS))
     env = env.append_transform(core.make_tensordict_primer())
     env.set_seed(0)
-    collector = Collector(env, actor, frames_per_batch=W * T, total_frames=W * T)
-    try:
-        rollout = next(iter(collector))
-    finally:
-        collector.shutdown()
-        if not env.is_closed:
-            env.close()
+    rollout = collect_once(env, actor, W * T)
     assert rollout.batch_size == (W, T)
     assert bool(rollout["next", "truncated"].any()) and bool(rollout["next", "terminated"].any())
     return critic, rollout.exclude("collector")

@@ -10,18 +10,18 @@ and the critic, and its primer -> ``loss.value_estimator`` (rppo_td's ``GAEEstim
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
-from tensordict.nn import TensorDictModule, TensorDictSequential
-from torchrl.collectors import Collector
-from torchrl.envs import GymEnv, InitTracker, SerialEnv, StepCounter, TransformedEnv
+from torchrl.envs import SerialEnv
 from torchrl.envs.transforms import Compose
-from torchrl.modules import LSTMModule, ProbabilisticActor, ValueOperator, set_recurrent_mode
+from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.record.loggers import CSVLogger
 
 import rppo_td
 from rppo_td import GAEEstimator, RecurrentPPOLoss
+from tests.integration._cartpole import actor_critic, collect_once, time_limited_cartpole
 
 W, T, MAX_STEPS, L, HIDDEN = 2, 48, 20, 8, 16
 KEEP = (
@@ -42,39 +42,15 @@ KEEP = (
 )
 
 
-def _make_env():
-    return TransformedEnv(
-        GymEnv("CartPole-v1", categorical_action_encoding=True),
-        Compose(InitTracker(), StepCounter(max_steps=MAX_STEPS)),
-    )
-
-
 @pytest.fixture(scope="module")
 def collected():
     torch.manual_seed(0)
     lstm = LSTMModule(input_size=4, hidden_size=HIDDEN, in_key="observation", out_key="embed")
-    actor = ProbabilisticActor(
-        TensorDictSequential(
-            lstm, TensorDictModule(torch.nn.Linear(HIDDEN, 2), ["embed"], ["logits"])
-        ),
-        in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictSequential(
-        lstm, ValueOperator(torch.nn.Linear(HIDDEN, 1), in_keys=["embed"])
-    )
-    env = SerialEnv(W, _make_env)
+    actor, critic = actor_critic(lstm, HIDDEN)
+    env = SerialEnv(W, functools.partial(time_limited_cartpole, MAX_STEPS))
     env = env.append_transform(lstm.make_tensordict_primer())
     env.set_seed(0)
-    collector = Collector(env, actor, frames_per_batch=W * T, total_frames=W * T)
-    try:
-        rollout = next(iter(collector))
-    finally:
-        collector.shutdown()
-        if not env.is_closed:
-            env.close()
-    rollout = rollout.select(*KEEP)
+    rollout = collect_once(env, actor, W * T).select(*KEEP)
     assert rollout.batch_size == (W, T)
     assert bool(rollout["next", "truncated"].any()) and bool(rollout["next", "terminated"].any())
     return actor, critic, rollout
