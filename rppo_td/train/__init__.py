@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 import threading
 
@@ -19,6 +20,7 @@ from rppo_td.train._loop import Trainer, train
 from rppo_td.train._outputs import SUMMARY_KEYS
 
 __all__ = [
+    "cli",
     "SUMMARY_KEYS",
     "TrainConfig",
     "Trainer",
@@ -39,6 +41,24 @@ def main(argv: list[str] | None = None) -> int:
     during training; the last checkpoint is kept). 130: stopped by a signal, a checkpoint saved, or
     aborted by a second Ctrl-C, the last checkpoint kept.
     """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a Ctrl-C between the run's own guards
+        print("rppo-train: interrupted", file=sys.stderr)  # noqa: T201
+        return 130
+
+
+def cli() -> None:
+    """The ``rppo-train`` command: ``main()``, then exit without a traceback on a late Ctrl-C."""
+    status = main()
+    # the run is over: a Ctrl-C during interpreter shutdown (joining writer threads) must not
+    # print a traceback over the run's last lines
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def _main(argv: list[str] | None) -> int:
+    """``main`` without the outer interrupt guard."""
     from rppo_td.envs import EnvError
 
     config, given = config_from_args(argv)

@@ -1,7 +1,5 @@
 """``python -m rppo_td.train``."""
 
-import sys
+from rppo_td.train import cli
 
-from rppo_td.train import main
-
-sys.exit(main())
+cli()

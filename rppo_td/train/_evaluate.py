@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, EnvError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         parser.exit(2, f"rppo-eval: error: {message}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "rppo-eval: interrupted\n")
     counters = data["counters"]
     result.update(
         env_steps=counters["env_steps"],
