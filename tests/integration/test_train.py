@@ -277,3 +277,16 @@ def test_eval_episodes_are_bounded(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--episodes must be in [1, 10000]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_ctrl_c_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
+    import rppo_td.train as train_package
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    # outside the run's own guards (here: while the settings are read)
+    monkeypatch.setattr(train_package, "config_from_args", interrupted)
+    assert main([]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "rppo-train: interrupted"
