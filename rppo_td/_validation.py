@@ -32,6 +32,7 @@ __all__ = [
     "check_time_dim",
     "check_tensor_leaf",
     "check_unit_interval",
+    "check_value_network",
     "check_values",
     "done_consistent",
     "get_key",
@@ -242,6 +243,15 @@ def check_tensor_leaf(key: NestedKey, value: object, device: torch.device, *, id
         raise ValueError(
             f"key {_name(key)} is on {value.device}, not on {device} like {ids}; move the "
             "data to one device first (DeviceMover)"
+        )
+
+
+def check_value_network(value_network: object) -> None:
+    """Raises a ``TypeError`` unless ``value_network`` is callable on a tensordict, or None."""
+    if value_network is not None and not callable(value_network):
+        raise TypeError(
+            "value_network must be a TensorDict module (callable on a tensordict) or None, "
+            f"got {type(value_network).__name__}"
         )
 
 

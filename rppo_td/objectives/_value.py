@@ -11,7 +11,12 @@ from tensordict.nn import composite_lp_aggregate
 from torchrl.objectives.value import ValueEstimatorBase
 
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import check_not_padded, check_unit_interval, get_key
+from rppo_td._validation import (
+    check_not_padded,
+    check_unit_interval,
+    check_value_network,
+    get_key,
+)
 from rppo_td._values import network_values
 from rppo_td.functional import generalized_advantage_estimate
 
@@ -138,11 +143,7 @@ class GAEEstimator(ValueEstimatorBase):
         time_dim: int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if value_network is not None and not callable(value_network):
-            raise TypeError(
-                "value_network must be a TensorDict module (callable on a tensordict) or None, "
-                f"got {type(value_network).__name__}"
-            )
+        check_value_network(value_network)
         check_unit_interval("gamma", gamma)
         check_unit_interval("lmbda", lmbda)
         super().__init__(value_network=value_network, device=device)

@@ -147,7 +147,10 @@ class Trainer:
             self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
         )
         self.collector = self._make_collector()
-        self._envs_picklable = self._check_env_pickling()
+        # exact resumes need the env copies: find an env that cannot be pickled now, not at
+        # the first checkpoint
+        self._envs_picklable = hasattr(self.collector, "env_copies")
+        self._env_state()
         self.ppo = PPOUpdate(
             self.agent,
             self.optimizer,
@@ -195,13 +198,16 @@ class Trainer:
             env, self.agent, rollout_steps=c.rollout_steps, seed=c.seed, device=self.device
         )
 
-    def _check_env_pickling(self) -> bool:
-        """Whether the env copies pickle (for exact resumes); warns at start-up if not."""
-        copies = getattr(self.collector, "env_copies", lambda: None)()
-        if copies is None:
-            return False
+    def _env_state(self) -> bytes | None:
+        """The env copies, pickled for an exact resume; None if there are none to pickle.
+
+        Once they fail to pickle (found at start-up, or later) checkpoints hold no env state,
+        and this says so once.
+        """
+        if not self._envs_picklable:
+            return None
         try:
-            pickle.dumps(copies)
+            return pickle.dumps(self.collector.env_copies())
         except Exception as err:  # any object can refuse to pickle in its own way
             log.warning(
                 "env %r cannot be pickled (%s: %s): checkpoints will hold no env state, and a "
@@ -210,22 +216,13 @@ class Trainer:
                 type(err).__name__,
                 err,
             )
-            return False
-        return True
-
-    def _env_state(self) -> bytes | None:
-        if not self._envs_picklable:
-            return None
-        try:
-            return pickle.dumps(self.collector.env_copies())
-        except Exception as err:  # the env became unpicklable since start-up
-            log.warning("env state not saved (cannot pickle it: %s)", err)
             self._envs_picklable = False
             return None
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         envs = None
-        if hasattr(self.collector, "env_copies"):
+        saves_envs = hasattr(self.collector, "env_copies")
+        if saves_envs:
             envs = load_env_state(self.directory, checkpoint.get("env_state"))
             if envs is None:
                 log.warning(
@@ -236,7 +233,7 @@ class Trainer:
             self.agent.load_state_dict(checkpoint["model"])
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             set_rng_state(checkpoint["rng"], self.generator)
-            if hasattr(self.collector, "env_copies"):
+            if saves_envs:
                 self.collector.load_state_dict(checkpoint["collector"], envs)
             else:
                 self.collector.load_state_dict(checkpoint["collector"])

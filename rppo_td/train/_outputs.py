@@ -85,15 +85,14 @@ class MetricsLog:
     ) -> None:
         self.path = directory / "metrics.csv"
         purge_step = None
-        if resume_from is not None and self.path.exists():
+        resuming = resume_from is not None and self.path.exists()
+        if resume_from is not None and resuming:
             update, steps = resume_from
             _truncate_rows(self.path, update)
             purge_step = steps + 1
-            self._file = self.path.open("a", newline="")
-            self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
-        else:
-            self._file = self.path.open("w", newline="")
-            self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
+        self._file = self.path.open("a" if resuming else "w", newline="")
+        self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
+        if not resuming:
             self._csv.writeheader()
             self._file.flush()
         self._tb = None

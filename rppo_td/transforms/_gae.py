@@ -12,6 +12,7 @@ from rppo_td._validation import (
     check_not_padded,
     check_not_split_trajs,
     check_unit_interval,
+    check_value_network,
     get_key,
     rollout_shape,
 )
@@ -92,11 +93,7 @@ class GAE(RolloutTransform):
         keys: RolloutKeys | None = None,
     ) -> None:
         super().__init__(keys=keys)
-        if value_network is not None and not callable(value_network):
-            raise TypeError(
-                "value_network must be a TensorDict module (callable on a tensordict), got "
-                f"{type(value_network).__name__}"
-            )
+        check_value_network(value_network)
         check_unit_interval("gamma", gamma)
         check_unit_interval("lmbda", lmbda)
         self.gamma = float(gamma)
