@@ -1,73 +1,132 @@
-"""Collection speed: TorchRL's Collector vs the gymnasium SyncVectorEnv loop; torch threads.
+"""Collection speed: the own VectorCollector vs TorchRL's Collector (two env constructions).
 
-Both collectors write the same [W, T] TensorDict for the same LSTM agent on
-rppo_td/CartPoleNoVel-v1. Also times one PPO update (default settings) with 1 and 2 torch
-threads. Prints steps/s and ms per update; numbers depend on machine load (printed).
+All three collect ``[W, T]`` rollouts in the same layout (observation, action, log-prob, value,
+``is_init``, the recurrent states entering and leaving each step, reward and episode flags) for
+the same LSTM actor-critic (``build_agent(TrainConfig())``) on the same checked envs
+(``rppo_td.envs.make_env``), with ``TensorDictSequential(RecurrentActor(net),
+RecurrentCritic(net))`` as the policy:
 
-    python benchmarks/collectors.py [--workers 8] [--steps 32] [--repeats 5]
+- ``vector``: ``rppo_td``'s ``VectorCollector`` over ``make_vector_env`` (gymnasium's
+  ``SyncVectorEnv`` in ``SAME_STEP`` autoreset), built as the trainer builds it.
+- ``torchrl gym-vector``: ``TorchRLCollector(batching="vector")``: TorchRL's ``Collector`` over
+  one ``GymWrapper`` of a ``SyncVectorEnv`` in ``AutoresetMode.DISABLED`` (TorchRL resets the
+  finished sub-envs itself), plus ``InitTracker`` and the state primer.
+- ``torchrl serial``: ``TorchRLCollector(batching="serial")``: the ``Collector`` over a
+  ``SerialEnv`` of one ``GymWrapper`` per env.
+
+Each candidate is one whole rollout; they are timed interleaved after a warm-up (median of the
+repeats, ``_common.time_interleaved``), in one process with ``torch.set_num_threads`` as the
+trainer sets it (``--threads``, default the config's). Prints steps/s, the ratio of each to
+``vector``, and the machine load before and after. The PPO update is timed by
+``benchmarks/update.py``.
+
+    python benchmarks/collectors.py [--workers 16] [--steps 32] [--repeats 15] [--output NAME]
+    python benchmarks/collectors.py --quick
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
+from _common import format_seconds, print_table, time_interleaved, write_json
+from tensordict.nn import TensorDictSequential
 
-from rppo_td.train import TrainConfig, Trainer
+from rppo_td.envs import make_vector_env
+from rppo_td.modules import RecurrentActor, RecurrentCritic
+from rppo_td.train import TrainConfig
+from rppo_td.train._setup import build_agent
 from rppo_td.train._torchrl_collector import TorchRLCollector
-
-
-def collect_fps(collector, workers: int, steps: int, repeats: int) -> float:
-    collector.rollout()  # warm-up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        collector.rollout()
-    return repeats * workers * steps / (time.perf_counter() - start)
+from rppo_td.train._vector_collector import VectorCollector
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, default=TrainConfig().num_workers)
-    parser.add_argument("--steps", type=int, default=TrainConfig().rollout_steps)
-    parser.add_argument("--repeats", type=int, default=5)
+    """Builds the three collectors, times them interleaved and prints the table."""
+    defaults = TrainConfig()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--env", default=defaults.env, help="gymnasium id")
+    parser.add_argument("--workers", type=int, default=defaults.num_workers, help="W")
+    parser.add_argument("--steps", type=int, default=defaults.rollout_steps, help="T")
+    parser.add_argument("--repeats", type=int, default=15, help="timed rollouts per candidate")
+    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats")
+    parser.add_argument("--output", default=None, help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()
+    if args.quick:
+        args.workers, args.steps, args.repeats = 4, 8, 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    w, t = args.workers, args.steps
+    load_before = os.getloadavg()
     print(
-        f"{os.cpu_count()} CPUs, load(1m) {os.getloadavg()[0]:.2f}; W={args.workers}, "
-        f"T={args.steps}"
+        f"{os.cpu_count()} CPUs, load average {load_before}, torch threads "
+        f"{torch.get_num_threads()}; env {args.env}, W={w}, T={t}"
     )
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        config = TrainConfig(
-            num_workers=args.workers,
-            rollout_steps=args.steps,
-            output=f"/tmp/rppo_collectors_{threads}",
-            progress=False,
-            threads=threads,
+
+    torch.manual_seed(0)
+    net = build_agent(TrainConfig(env=args.env))
+    policy = TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))
+    vector = VectorCollector(
+        make_vector_env(args.env, w),
+        policy,
+        leaves=net.leaves,
+        frames_per_batch=w * t,
+        seed=0,
+        device="cpu",
+    )
+    torchrl = {
+        batching: TorchRLCollector(
+            args.env, net, policy, num_workers=w, rollout_steps=t, seed=0, batching=batching
         )
-        trainer = Trainer(config)
-        vector = collect_fps(trainer.collector, args.workers, args.steps, args.repeats)
-        torchrl = collect_fps(
-            TorchRLCollector(
-                config.env, trainer.agent, num_envs=args.workers, rollout_steps=args.steps, seed=0
-            ),
-            args.workers,
-            args.steps,
-            args.repeats,
+        for batching in ("vector", "serial")
+    }
+    candidates = {
+        "vector": vector.rollout,
+        "torchrl gym-vector": torchrl["vector"].rollout,
+        "torchrl serial": torchrl["serial"].rollout,
+    }
+    try:
+        times = time_interleaved(candidates, repeats=args.repeats, warmup=2)
+    finally:
+        vector.shutdown()
+        for collector in torchrl.values():
+            collector.shutdown()
+    load_after = os.getloadavg()
+
+    base = times["vector"]["median"]
+    rows = []
+    results = {}
+    for name, figures in times.items():
+        steps_per_s = w * t / figures["median"]
+        results[name] = {**figures, "steps_per_s": steps_per_s}
+        rows.append(
+            [
+                name,
+                format_seconds(figures["median"]),
+                f"{steps_per_s:,.0f}",
+                f"{w * t / figures['min']:,.0f}",
+                f"{base / figures['median']:.2f}x",
+            ]
         )
-        rollout = trainer.collector.rollout()
-        trainer.ppo(rollout.clone(), clip_epsilon=0.2)
-        start = time.perf_counter()
-        for _ in range(args.repeats):
-            trainer.ppo(rollout.clone(), clip_epsilon=0.2)
-        update_ms = (time.perf_counter() - start) / args.repeats * 1000
-        print(
-            f"threads={threads}: vector {vector:7.0f} steps/s | torchrl {torchrl:7.0f} steps/s "
-            f"| ratio {vector / torchrl:4.1f}x | PPO update {update_ms:6.1f} ms "
-            f"({config.epochs} epochs x {config.num_minibatches} minibatch)"
+    print(f"\nOne [W={w}, T={t}] rollout, median of {args.repeats} interleaved repeats")
+    print_table(["collector", "rollout", "steps/s", "best steps/s", "speed vs vector"], rows)
+    print(f"load average after {load_after}")
+    if args.output:
+        path = write_json(
+            args.output,
+            {
+                "env": args.env,
+                "workers": w,
+                "time_steps": t,
+                "repeats": args.repeats,
+                "cpus": os.cpu_count(),
+                "load_average_before": list(load_before),
+                "load_average_after": list(load_after),
+                "results": results,
+            },
         )
-    print(f"load(1m) after {os.getloadavg()[0]:.2f}")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         clip_value: clip the value prediction to ``state_value +- clip_value`` (``True``:
             ``clip_epsilon``); ``None``: no value clipping.
         loss_mask_key: the mask's key.
+        normalize_advantage_eps: added to the deviation when normalising the advantage.
         **kwargs: any other keyword of ``ClipPPOLoss`` (``reduction``, ``separate_losses``,
             ``functional``, ``delay_actor``, ``advantage_norm``, ...), except
             ``normalize_advantage_exclude_dims``.
@@ -125,6 +126,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         normalize_advantage: bool = False,
         clip_value: bool | float | None = None,
         loss_mask_key: NestedKey = _DEFAULT.loss_mask,
+        normalize_advantage_eps: float = 1e-8,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("normalize_advantage_exclude_dims"):
@@ -144,6 +146,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
             **kwargs,
         )
         self.loss_mask_key = loss_mask_key
+        if not normalize_advantage_eps > 0:
+            raise ValueError(
+                f"normalize_advantage_eps must be > 0, got {normalize_advantage_eps!r}"
+            )
+        self.normalize_advantage_eps = float(normalize_advantage_eps)
 
     # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
     @property
@@ -244,7 +251,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self.advantage_norm is not None:
             advantage = self._scale_advantage(advantage, tensordict, update=computed)
         elif self.normalize_advantage:
-            advantage = masked_normalize(advantage, mask)
+            advantage = masked_normalize(advantage, mask, eps=self.normalize_advantage_eps)
 
         log_weight, dist, kl_approx, log_is_weight = self._log_weight(
             tensordict, adv_shape=advantage.shape[:-1]

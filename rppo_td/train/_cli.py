@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from rppo_td.envs import resolve_env_id
-from rppo_td.train._config import TrainConfig
+from rppo_td.train._config import RENAMED, TrainConfig, renamed_settings
 
 __all__ = ["ShortErrorParser", "build_parser", "config_from_args", "list_presets", "load_yaml"]
 
@@ -103,6 +103,11 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
                 help=help_text,
                 metavar=f.name.upper() if choices is None else None,
             )
+    for old, new in RENAMED.items():  # still accepted, not shown
+        kind, _ = _parse_type(hints[new])
+        parser.add_argument(
+            "--" + old.replace("_", "-"), dest=old, type=kind, help=argparse.SUPPRESS
+        )
     return parser
 
 
@@ -122,6 +127,7 @@ def config_from_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[s
         if "config" in args:
             given.update(load_yaml(args.pop("config")))
         given.update(args)
+        given = renamed_settings(given, where="settings")
         config = TrainConfig.from_dict(given, where="settings")
         resolve_env_id(config.env)
     except (ValueError, KeyError) as err:

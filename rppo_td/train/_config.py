@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import re
 import typing
@@ -13,7 +14,9 @@ from typing import Any, Literal
 
 from rppo_td.envs import CARTPOLE_NOVEL_ID
 
-__all__ = ["RUNTIME_FIELDS", "TrainConfig"]
+__all__ = ["RENAMED", "RUNTIME_FIELDS", "TrainConfig", "renamed_settings"]
+
+log = logging.getLogger(__name__)
 
 # fields that may differ between a checkpoint and the run resuming it
 RUNTIME_FIELDS = frozenset(
@@ -22,6 +25,10 @@ RUNTIME_FIELDS = frozenset(
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# settings renamed to the library's (TorchRL's) names: old name -> new name; the old names are
+# still read (config files, presets, flags, the configs inside older checkpoints)
+RENAMED = {"gae_lambda": "lmbda"}
 
 
 def _doc(
@@ -35,6 +42,25 @@ def _doc(
     """A field with its help, default, inclusive bounds and choices in one place."""
     metadata = {"help": text, "low": low, "high": high, "choices": choices}
     return field(default=default, metadata=metadata)
+
+
+def renamed_settings(values: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """``values`` with every old name of ``RENAMED`` replaced by the new one, with a warning.
+
+    Raises:
+        ValueError: a setting given under both names.
+    """
+    values = dict(values)
+    for old, new in RENAMED.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise ValueError(
+                f"{where}: {old!r} is the old name of {new!r}; give one of them, not both"
+            )
+        log.warning("%s: setting %r is now called %r", where, old, new)
+        values[new] = values.pop(old)
+    return values
 
 
 @functools.cache
@@ -114,7 +140,9 @@ class TrainConfig:
     )
     shared_critic: bool = _doc("share the encoder and core between policy and value", default=False)
     gamma: float = _doc("discount", default=0.98, low=0.0, high=1.0)
-    gae_lambda: float = _doc("GAE lambda", default=0.8, low=0.0, high=1.0)
+    lmbda: float = _doc(
+        "GAE lambda (TorchRL's name; formerly gae_lambda)", default=0.8, low=0.0, high=1.0
+    )
     epochs: int = _doc("PPO epochs per update", default=10, low=1, high=100_000)
     num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
     learning_rate: float = _doc("Adam learning rate", default=1e-3, low=0.0, high=1.0)
@@ -221,7 +249,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, where: str = "config") -> TrainConfig:
-        """Builds a config, refusing unknown keys with a ``KeyError`` naming them."""
+        """Builds a config, refusing unknown keys with a ``KeyError`` naming them.
+
+        Renamed settings are read under their old names (``renamed_settings``).
+        """
+        values = renamed_settings(values, where=where)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

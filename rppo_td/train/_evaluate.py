@@ -10,9 +10,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rppo_td.agent import RecurrentActorCritic, observation_to_tensordict
 from rppo_td.envs import EnvError, make_vector_env
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._cli import ShortErrorParser
 from rppo_td.train._config import TrainConfig
@@ -52,24 +53,31 @@ def evaluate_agent(
     start = time.perf_counter()
     env = make_vector_env(env_id, episodes)
     obs, _ = env.reset(seed=seed)
-    state = agent.initial_state(episodes)
-    is_init = torch.ones(episodes, dtype=torch.bool)
+    actor = RecurrentActor(agent)
+    td = observation_to_tensordict(obs, agent.leaves, (episodes,))
+    td.set("is_init", torch.ones(episodes, 1, dtype=torch.bool))
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
     space = env.single_action_space
     low_high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     was_training = agent.training
     agent.eval()
-    while running.any():
-        td = observation_to_tensordict(obs, agent.leaves, (episodes,))
-        out = agent.act(td, agent.reset_state(state, is_init), is_init, deterministic=deterministic)
-        action = out.action.numpy()
-        if low_high is not None:
-            action = np.clip(action, *low_high)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        returns += np.where(running, reward, 0.0)
-        running &= ~(terminated | truncated)
-        state, is_init = out.state, torch.as_tensor(terminated | truncated)
+    kind = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+    with torch.no_grad(), set_exploration_type(kind):
+        while running.any():
+            actor(td)
+            action = td.get("action").numpy()
+            if low_high is not None:
+                action = np.clip(action, *low_high)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            returns += np.where(running, reward, 0.0)
+            done = terminated | truncated
+            running &= ~done
+            following = observation_to_tensordict(obs, agent.leaves, (episodes,))
+            for key in actor.state_keys:
+                following.set(key, td.get(("next", key)))
+            following.set("is_init", torch.as_tensor(done).view(-1, 1))
+            td = following
     env.close()
     agent.train(was_training)
     return {

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from rppo_td.envs import make_vector_env
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
 from rppo_td.train._checkpoint import (
     check_resumable,
     checkpoint_file,
@@ -143,21 +144,25 @@ class Trainer:
                 f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
                 f"does not fit in memory on {self.device}: {str(err).splitlines()[0][:160]}"
             ) from None
+        self.actor = RecurrentActor(self.agent)
+        self.critic = RecurrentCritic(self.agent)
         self.optimizer = torch.optim.Adam(
             self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
         )
         self.collector = self._make_collector()
+        self._batches = iter(self.collector)
         # exact resumes need the env copies: find an env that cannot be pickled now, not at
         # the first checkpoint
         self._envs_picklable = hasattr(self.collector, "env_copies")
         self._env_state()
         self.ppo = PPOUpdate(
-            self.agent,
+            self.actor,
+            self.critic,
             self.optimizer,
             generator=self.generator,
             settings=PPOSettings(
                 gamma=config.gamma,
-                gae_lambda=config.gae_lambda,
+                lmbda=config.lmbda,
                 sequence_length=config.sequence_length,
                 epochs=config.epochs,
                 num_minibatches=config.num_minibatches,
@@ -182,20 +187,29 @@ class Trainer:
 
     def _make_collector(self):
         c = self.config
+        # the collection policy: both networks in one step (the same outputs as
+        # TensorDictSequential(actor, critic), faster: benchmarks/agent_modules.py)
+        policy = RecurrentPolicy(self.agent)
         if c.collector == "torchrl":
             from rppo_td.train._torchrl_collector import TorchRLCollector
 
             return TorchRLCollector(
                 c.env,
                 self.agent,
-                num_envs=c.num_workers,
+                policy,
+                num_workers=c.num_workers,
                 rollout_steps=c.rollout_steps,
                 seed=c.seed,
                 device=self.device,
             )
         env = make_vector_env(c.env, c.num_workers)
         return VectorCollector(
-            env, self.agent, rollout_steps=c.rollout_steps, seed=c.seed, device=self.device
+            env,
+            policy,
+            leaves=self.agent.leaves,
+            frames_per_batch=c.steps_per_update,
+            seed=c.seed,
+            device=self.device,
         )
 
     def _env_state(self) -> bytes | None:
@@ -234,7 +248,8 @@ class Trainer:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             set_rng_state(checkpoint["rng"], self.generator)
             if saves_envs:
-                self.collector.load_state_dict(checkpoint["collector"], envs)
+                state = _upgrade_collector_state(checkpoint["collector"], self.agent)
+                self.collector.load_state_dict(state, envs)
             else:
                 self.collector.load_state_dict(checkpoint["collector"])
         except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
@@ -282,13 +297,13 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         start = time.perf_counter()
-        rollout = self.collector.rollout().to(self.device)
+        rollout = next(self._batches)
         stats = self.ppo(rollout, clip_epsilon=clip)
         frozen = 0 < self.config.normalizer_steps <= self.counters["env_steps"]
         if self.agent.normalizer is not None and not frozen:
-            self.agent.normalizer.update(rollout.select(*[k for k, _ in self.agent.leaves]))
+            self.agent.normalizer.update(rollout.select(*self.agent.observation_keys))
         elapsed = time.perf_counter() - start
-        returns, lengths = self.collector.stats.pop()
+        returns, lengths = self.collector.episodes.pop()
         self.recent.extend(returns)
         self.recent_lengths.extend(lengths)
         steps = self.config.steps_per_update
@@ -455,6 +470,29 @@ def _resumed_config(
         )
     given["output"] = str(run_directory)
     return checkpoint, check_resumable(saved, given)
+
+
+def _upgrade_collector_state(state: dict[str, Any], net: RecurrentActorCritic) -> dict[str, Any]:
+    """A collector state of the old layout in today's; any other state unchanged.
+
+    Before the actor and critic had their own state keys, a checkpoint kept the observation,
+    ``is_init`` ``[W]`` and one state tensor per key, ``[W, layers, H]`` shared or
+    ``[W, layers, 2H]`` (actor, then critic), not yet zeroed where ``is_init``.
+    """
+    if "carry" in state or "obs" not in state:
+        return state
+    is_init = state["is_init"].reshape(-1, 1)
+    carry = {**state["obs"], "is_init": is_init}
+    keep = (~is_init).view(-1, 1, 1)
+    h = net.hidden_size
+    keys = zip(net.actor_state_keys, net.critic_state_keys, state["state"], strict=True)
+    for actor_key, critic_key, joined in keys:
+        joined = joined * keep
+        if net.shared_critic:
+            carry[actor_key] = joined
+        else:
+            carry[actor_key], carry[critic_key] = joined[..., :h], joined[..., h:]
+    return {**state, "carry": carry}
 
 
 def _plot(directory: Path, *, title: str) -> None:

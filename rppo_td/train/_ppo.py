@@ -1,19 +1,19 @@
-"""The PPO update: the rppo_td pipeline, then masked clipped-surrogate epochs."""
+"""The PPO update, composed from the library: GAE -> splitter -> chunker -> sampler -> loss."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torch import nn
 
-from rppo_td.agent import RecurrentActorCritic
-from rppo_td.functional import masked_mean, masked_normalize
+from rppo_td.modules import RecurrentActor, RecurrentCritic
+from rppo_td.objectives import RecurrentPPOLoss
 from rppo_td.sampling import SequenceSampler
 from rppo_td.transforms import GAE, EpisodeSplitter, SequenceChunker
 
-__all__ = ["PPOSettings", "PPOUpdate", "explained_variance"]
+__all__ = ["PPOSettings", "PPOUpdate"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class PPOSettings:
     """The PPO hyperparameters of one update (see ``TrainConfig`` for each field)."""
 
     gamma: float
-    gae_lambda: float
+    lmbda: float
     sequence_length: int
     epochs: int
     num_minibatches: int
@@ -32,57 +32,70 @@ class PPOSettings:
     advantage_eps: float = 1e-8
 
 
-def explained_variance(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``1 - Var(target - value) / Var(target)`` over all (real) steps; NaN if Var is 0."""
-    var = target.var(unbiased=False)
-    return torch.where(var > 0, 1 - (target - value).var(unbiased=False) / var, torch.nan)
-
-
 class PPOUpdate:
-    """Runs one PPO update on a ``[W, T]`` rollout.
+    """Runs one PPO update on a ``[W, T]`` rollout with the library's public pieces.
 
-    The rollout goes through ``GAE`` (on the full ``[W, T]``, bootstrapping on truncation),
-    ``EpisodeSplitter`` and ``SequenceChunker``; ``SequenceSampler`` then gathers each epoch's
-    minibatches of whole sequences ``[B, Lp]`` with ``loss_mask`` straight from the rollout.
-    Each sequence starts from the stored recurrent state at its position 0. Every loss term is
-    a ``masked_mean`` over real steps and advantages are normalised over real steps only
-    (``masked_normalize``), per minibatch.
+    ``GAE(value_network=critic)`` (on the full ``[W, T]``; it computes
+    ``("next", "state_value")`` from the states after each step, bootstrapping on
+    truncation), ``EpisodeSplitter`` and ``SequenceChunker`` prepare the rollout;
+    ``SequenceSampler`` gathers each epoch's minibatches of whole sequences ``[B, Lp]`` with
+    ``loss_mask``; ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode:
+    each sequence from its stored state at position 0) gives the loss terms, summed for one
+    Adam step with the gradient norm clipped. ``value_coef`` weighs ``0.5 * (V - target)^2``.
 
     Args:
-        agent: the actor-critic being trained.
-        optimizer: over ``agent.parameters()``.
+        actor: the policy.
+        critic: the value network.
+        optimizer: over the parameters of both.
         settings: the hyperparameters.
         generator: draws the minibatch order (part of the checkpointed RNG state).
     """
 
     def __init__(
         self,
-        agent: RecurrentActorCritic,
+        actor: RecurrentActor,
+        critic: RecurrentCritic,
         optimizer: torch.optim.Optimizer,
         *,
         settings: PPOSettings,
         generator: torch.Generator,
     ) -> None:
-        self.agent = agent
         self.optimizer = optimizer
         self.settings = settings
-        self.gae = GAE(gamma=settings.gamma, lmbda=settings.gae_lambda)
+        self.gae = GAE(gamma=settings.gamma, lmbda=settings.lmbda, value_network=critic)
         self.splitter = EpisodeSplitter()
         self.chunker = SequenceChunker(sequence_length=settings.sequence_length)
         # each minibatch is used (forward and backward) before the next: one buffer per epoch
         self.sampler = SequenceSampler(
             settings.num_minibatches, generator=generator, reuse_memory=True
         )
-        self.parameters = [p for p in agent.parameters() if p.requires_grad]
-        self.keys = [key for key, _ in agent.leaves] + [
-            "action",
-            "action_log_prob",
-            "advantage",
-            "value_target",
-            *agent.state_keys,
-            "sequence_id",
-            "sequence_offset",
+        self.loss = RecurrentPPOLoss(
+            actor,
+            critic,
+            entropy_coeff=settings.entropy_coef,
+            critic_coeff=0.5 * settings.value_coef,
+            loss_critic_type="l2",
+            normalize_advantage=settings.normalize_advantage,
+            normalize_advantage_eps=settings.advantage_eps,
+            functional=False,
+        )
+        self.parameters = [
+            p for p in {id(p): p for p in self.loss.parameters()}.values() if p.requires_grad
         ]
+        self.keys = list(
+            dict.fromkeys(
+                [
+                    *actor.in_keys,
+                    *critic.in_keys,
+                    "action",
+                    "action_log_prob",
+                    "advantage",
+                    "value_target",
+                    "sequence_id",
+                    "sequence_offset",
+                ]
+            )
+        )
 
     def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
         """GAE, episode ids and sequence ids on the ``[W, T]`` rollout (in place)."""
@@ -98,52 +111,28 @@ class PPOUpdate:
                 f"num_minibatches={self.settings.num_minibatches} exceeds the {num_sequences} "
                 "sequences of this rollout; lower it or raise --rollout-steps/--num-workers"
             )
+        self.loss.clip_epsilon.fill_(clip_epsilon)
         totals: dict[str, torch.Tensor] = {}
         count = 0
-        self.agent.train()
+        self.loss.train()
         for _ in range(self.settings.epochs):
             for batch in self.sampler(data):
-                stats = self._step(batch, clip_epsilon)
-                for name, value in stats.items():
-                    totals[name] = totals.get(name, 0.0) + value
+                for name, value in self._step(batch).items():
+                    totals[name] = totals[name] + value if name in totals else value
                 count += 1
-        result = {name: float(value) / count for name, value in totals.items()}
-        ev = explained_variance(rollout["state_value"], rollout["value_target"])
-        result["explained_variance"] = float(ev)
-        return result
+        return {name: float(value) / count for name, value in totals.items()}
 
-    def _step(self, batch: TensorDict, clip_epsilon: float) -> dict[str, torch.Tensor]:
-        """One gradient step on a minibatch ``[B, Lp]``."""
-        s = self.settings
-        mask = batch["loss_mask"]
-        obs = batch.select(*[key for key, _ in self.agent.leaves])
-        state = tuple(batch[key][:, 0] for key in self.agent.state_keys)
-        log_prob, entropy, value = self.agent.evaluate(obs, state, batch["action"])
-        advantage = batch["advantage"].squeeze(-1)
-        if s.normalize_advantage:
-            advantage = masked_normalize(advantage, mask, eps=s.advantage_eps)
-        log_ratio = log_prob - batch["action_log_prob"]
-        ratio = log_ratio.exp()
-        surrogate = torch.minimum(
-            ratio * advantage, ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon) * advantage
-        )
-        policy_loss = -masked_mean(surrogate, mask)
-        value_loss = 0.5 * masked_mean((value - batch["value_target"]).square(), mask)
-        entropy_mean = masked_mean(entropy, mask)
-        loss = policy_loss + s.value_coef * value_loss - s.entropy_coef * entropy_mean
+    def _step(self, batch: TensorDictBase) -> dict[str, torch.Tensor]:
+        """One gradient step on a minibatch ``[B, Lp]``; the loss's outputs, detached."""
+        out = self.loss(batch)
+        loss = sum(out[key] for key in out.keys() if key.startswith("loss_"))  # noqa: SIM118
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.parameters, s.max_grad_norm, foreach=True)
+        loss.backward()  # type: ignore[union-attr]
+        grad_norm = nn.utils.clip_grad_norm_(
+            self.parameters, self.settings.max_grad_norm, foreach=True
+        )
         self.optimizer.step()
-        with torch.no_grad():
-            clipped = ((ratio - 1).abs() > clip_epsilon).float()
-            return {
-                "loss_policy": policy_loss.detach(),
-                "loss_value": value_loss.detach(),
-                "loss_entropy": -entropy_mean.detach(),
-                "loss_total": loss.detach(),
-                "entropy": entropy_mean.detach(),
-                "clip_fraction": masked_mean(clipped, mask),
-                "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),
-                "grad_norm": grad_norm.detach(),
-            }
+        stats = {key: value.detach() for key, value in out.items()}
+        stats["loss_total"] = loss.detach()  # type: ignore[union-attr]
+        stats["grad_norm"] = grad_norm.detach()
+        return stats

@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rppo_td.agent import RecurrentActorCritic
 from rppo_td.envs import make_env
+from rppo_td.modules import RecurrentActorCritic
 from rppo_td.train._config import TrainConfig
 
 __all__ = ["build_agent", "env_spaces", "seed_everything"]

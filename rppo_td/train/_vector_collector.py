@@ -1,15 +1,21 @@
-"""Rollouts from a gymnasium vector env into a TorchRL-keyed ``[W, T]`` TensorDict."""
+"""A TorchRL collector over a gymnasium vector env: ``[W, T]`` rollouts built on the device."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors import BaseCollector
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rppo_td.agent import RecurrentActorCritic, observation_to_tensordict
+from rppo_td.modules import observation_to_tensordict
+from rppo_td.modules._spaces import ObservationLeaf
 
 __all__ = ["EpisodeStats", "VectorCollector"]
 
@@ -40,45 +46,62 @@ class EpisodeStats:
         return out
 
 
-class VectorCollector:
-    """Steps a ``SyncVectorEnv`` (``SAME_STEP`` autoreset) with the agent for ``T`` steps.
+class VectorCollector(BaseCollector):
+    """TorchRL's collector interface over a ``SyncVectorEnv`` (``SAME_STEP`` autoreset).
 
-    Each call returns a ``[W, T]`` TensorDict with TorchRL's keys: the observation leaves,
-    ``action``, ``action_log_prob`` ``[W, T]``, ``state_value`` ``[W, T, 1]``, ``is_init``
-    ``[W, T, 1]``, the recurrent state entering each step (``[W, T, layers, H]``), and under
-    ``"next"``: ``reward``, ``terminated``, ``truncated``, ``done`` (``[W, T, 1]``), the next
-    observation and ``state_value``. Where an episode ends, ``("next", <obs>)`` is the final
-    observation (``info["final_obs"]``), not the reset one. ``("next", "state_value")`` is
-    ``state_value[:, t + 1]`` within an episode; at a truncation it is ``V(final obs)`` from
-    the state after the step (one extra forward pass, only on steps where some env truncates),
-    so GAE bootstraps time limits correctly; at a termination it is 0 (never used); at
-    ``t = T - 1`` it is ``V`` of the observation the next rollout starts from.
+    Iterating yields ``[W, T]`` rollouts (``frames_per_batch = W * T``) with TorchRL's keys,
+    built on ``device``: the observation leaves, ``is_init`` ``[W, T, 1]``, whatever the
+    policy writes (``action``, ``action_log_prob``, ``state_value``, ...), the recurrent
+    states *entering* each step and, under ``"next"``, the states after it (the policy's
+    ``("next", <key>)`` outputs), the next observation, ``reward``, ``terminated``,
+    ``truncated`` and ``done`` (``[W, T, 1]``). Where an episode ends, ``("next", <obs>)``
+    is the final observation (``info["final_obs"]``), not the reset one, so a value network
+    on ``"next"`` bootstraps time limits correctly; the recurrent states carried into a new
+    episode are zero. Only the actions leave the device. The policy runs without gradients
+    under ``set_exploration_type(RANDOM)``.
+
+    A recurrent key is any ``("next", key)`` the policy writes (the ``step_mdp`` rule); on
+    the first step, where every env starts an episode, the entering state is zero.
 
     Args:
         env: a ``SyncVectorEnv`` built with ``AutoresetMode.SAME_STEP``
             (``rppo_td.envs.make_vector_env``).
-        agent: the actor-critic; called without gradients.
-        rollout_steps: ``T``.
+        policy: a TensorDict module (e.g. ``TensorDictSequential(RecurrentActor(net),
+            RecurrentCritic(net))``) reading the observation leaves and ``is_init``.
+        leaves: the observation leaves (``observation_leaves(env.single_observation_space)``).
+        frames_per_batch: ``W * T``; must be a multiple of ``W``.
+        total_frames: stop after this many frames; ``-1``: never.
         seed: seeds the first ``reset``.
-        device: where the agent lives; observations go there, results come back to CPU.
+        device: where the rollouts are built (the policy's device).
     """
 
     def __init__(
         self,
         env: gym.vector.VectorEnv,
-        agent: RecurrentActorCritic,
+        policy: TensorDictModuleBase,
         *,
-        rollout_steps: int,
+        leaves: list[ObservationLeaf],
+        frames_per_batch: int,
+        total_frames: int = -1,
         seed: int,
         device: torch.device | str = "cpu",
     ) -> None:
+        super().__init__()
         mode = getattr(env, "autoreset_mode", None)
         if mode != gym.vector.AutoresetMode.SAME_STEP:
             raise ValueError(f"VectorCollector needs AutoresetMode.SAME_STEP, env has {mode}")
+        if frames_per_batch <= 0 or frames_per_batch % env.num_envs:
+            raise ValueError(
+                f"frames_per_batch must be a positive multiple of the {env.num_envs} envs, "
+                f"got {frames_per_batch}"
+            )
         self.env = env
-        self.agent = agent
-        self.rollout_steps = rollout_steps
+        self.policy = policy
+        self.leaves = leaves
         self.num_envs = env.num_envs
+        self.frames_per_batch = frames_per_batch
+        self.rollout_steps = frames_per_batch // env.num_envs
+        self.total_frames = total_frames
         self.device = torch.device(device)
         action_space = env.single_action_space
         self._clip = (
@@ -86,15 +109,125 @@ class VectorCollector:
             if isinstance(action_space, gym.spaces.Box)
             else None
         )
-        obs, _ = env.reset(seed=seed)
-        action_space.seed(seed)
-        self.obs = self._to_td(obs)
-        self.state = agent.initial_state(self.num_envs, self.device)
-        self.is_init = torch.ones(self.num_envs, dtype=torch.bool)
-        self.stats = EpisodeStats(self.num_envs)
+        self.episodes = EpisodeStats(self.num_envs)
+        self._frames = 0
+        self.set_seed(seed)
 
-    def _to_td(self, obs: Any) -> TensorDict:
-        return observation_to_tensordict(obs, self.agent.leaves, (self.num_envs,))
+    # ---- TorchRL's collector interface --------------------------------------------------
+    def set_seed(self, seed: int, static_seed: bool = False) -> int:
+        """Resets every env with ``seed`` (env ``i`` gets ``seed + i``); returns ``seed``."""
+        obs, _ = self.env.reset(seed=seed)
+        self.env.single_action_space.seed(seed)
+        self._carry = self._obs(obs)
+        first = torch.ones(self.num_envs, 1, dtype=torch.bool, device=self.device)
+        self._carry.set("is_init", first)
+        self.episodes = EpisodeStats(self.num_envs)
+        return seed
+
+    def iterator(self) -> Iterator[TensorDictBase]:
+        """Yields rollouts until ``total_frames`` (forever with ``-1``)."""
+        while self.total_frames < 0 or self._frames < self.total_frames:
+            yield self.rollout()
+
+    def rollout(self) -> TensorDict:
+        """Collects ``T`` steps from every env; returns the ``[W, T]`` rollout on ``device``."""
+        steps: list[TensorDictBase] = []
+        rewards: list[np.ndarray] = []
+        terminated: list[np.ndarray] = []
+        truncated: list[np.ndarray] = []
+        with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+            for _ in range(self.rollout_steps):
+                td = self._carry
+                self.policy(td)
+                action = td.get("action").cpu().numpy()
+                if self._clip is not None:
+                    action = np.clip(action, *self._clip)
+                obs, reward, term, trunc, info = self.env.step(action)
+                done = term | trunc
+                self.episodes.update(np.asarray(reward, dtype=np.float64), done)
+                rewards.append(reward)
+                terminated.append(term)
+                truncated.append(trunc)
+                following = self._obs(obs)
+                nxt = td.get("next", None)
+                if nxt is None:
+                    nxt = TensorDict({}, [self.num_envs], device=self.device)
+                    td.set("next", nxt)
+                recurrent = list(nxt.keys())
+                if not steps:
+                    # the first step starts every episode: the entering state is zero
+                    for key in recurrent:
+                        if key not in td.keys():  # noqa: SIM118
+                            td.set(key, torch.zeros_like(nxt.get(key)))
+                nxt.update(self._final_obs(following, info, done))
+                steps.append(td)
+                done_t = torch.as_tensor(done, device=self.device).view(-1, 1)
+                carry = following
+                for key in recurrent:
+                    state = nxt.get(key)
+                    where = done_t.view(-1, *([1] * (state.ndim - 1)))
+                    carry.set(key, torch.where(where, 0.0, state))
+                carry.set("is_init", done_t)
+                self._carry = carry
+        rollout: TensorDict = torch.stack(steps, dim=1)  # type: ignore[assignment]
+        shape = (self.num_envs, self.rollout_steps, 1)
+        term = torch.as_tensor(np.stack(terminated, 1)).view(shape)
+        trunc = torch.as_tensor(np.stack(truncated, 1)).view(shape)
+        reward = torch.as_tensor(np.stack(rewards, 1), dtype=torch.float32).view(shape)
+        flags = TensorDict(
+            {"reward": reward, "terminated": term, "truncated": trunc, "done": term | trunc},
+            batch_size=shape[:2],
+        )
+        rollout.get("next").update(flags.to(self.device, non_blocking=True))
+        self._frames += self.frames_per_batch
+        return rollout
+
+    def shutdown(
+        self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
+    ) -> None:
+        """Closes the envs."""
+        if close_env:
+            self.env.close()
+
+    def state_dict(self) -> OrderedDict:
+        """What the next rollout starts from, as tensors (no env copies).
+
+        ``torch.load(weights_only=True)`` reads it back; the envs are ``env_copies()``.
+        """
+        return OrderedDict(
+            carry=self._carry.to("cpu").to_dict(),
+            running_return=torch.from_numpy(self.episodes.running_return.copy()),
+            running_length=torch.from_numpy(self.episodes.running_length.copy()),
+            frames=self._frames,
+        )
+
+    def env_copies(self) -> list[gym.Env] | None:
+        """The sub-envs to pickle for an exact resume (None if the env has none)."""
+        return getattr(self.env, "envs", None)
+
+    def load_state_dict(
+        self, state_dict: dict[str, Any], envs: list[gym.Env] | None = None
+    ) -> None:
+        """Restores ``state_dict()``; ``envs`` (unpickled ``env_copies()``) replace the envs.
+
+        Without ``envs`` the envs keep their fresh reset and the first step of every worker
+        starts an episode.
+        """
+        self._frames = int(state_dict.get("frames", 0))
+        if envs is None:
+            return
+        if len(envs) != self.num_envs:
+            raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
+        # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
+        self.env.envs = list(envs)  # type: ignore[attr-defined]
+        self._carry = TensorDict(state_dict["carry"], batch_size=[self.num_envs]).to(self.device)
+        self.episodes.running_return = state_dict["running_return"].numpy().copy()
+        self.episodes.running_length = state_dict["running_length"].numpy().copy()
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _obs(self, obs: Any) -> TensorDict:
+        td = observation_to_tensordict(obs, self.leaves, (self.num_envs,))
+        return td.to(self.device, non_blocking=True) if self.device.type != "cpu" else td
 
     def _final_obs(self, next_obs: TensorDict, info: dict, done: np.ndarray) -> TensorDict:
         """``next_obs`` with the final (pre-reset) observation where an episode ended."""
@@ -102,100 +235,6 @@ class VectorCollector:
             return next_obs
         final = next_obs.clone()
         for i in np.flatnonzero(info["_final_obs"]):
-            final[int(i)] = observation_to_tensordict(info["final_obs"][i], self.agent.leaves, ())
+            one = observation_to_tensordict(info["final_obs"][i], self.leaves, ())
+            final[int(i)] = one.to(self.device)
         return final
-
-    def rollout(self) -> TensorDict:
-        """Collects ``T`` steps from every env; returns the ``[W, T]`` rollout (on CPU)."""
-        agent, dev, cpu = self.agent, self.device, torch.device("cpu")
-        w = self.num_envs
-        names = ("action", "action_log_prob", "state_value", "is_init", *agent.state_keys)
-        record: dict[str, list] = {name: [] for name in (*names, "obs", "next_obs", "final_value")}
-        flags: dict[str, list[np.ndarray]] = {n: [] for n in ("reward", "terminated", "truncated")}
-        for _ in range(self.rollout_steps):
-            state = agent.reset_state(self.state, self.is_init.to(dev))
-            out = agent.act(self.obs.to(dev), state, self.is_init.to(dev))
-            action = out.action.to(cpu)
-            env_action = action.numpy()
-            if self._clip is not None:
-                env_action = np.clip(env_action, *self._clip)
-            obs, reward, terminated, truncated, info = self.env.step(env_action)
-            done = terminated | truncated
-            next_obs = self._to_td(obs)
-            final_obs = self._final_obs(next_obs, info, done)
-            final_value = torch.zeros(w, 1)
-            if (truncated & ~terminated).any():
-                final_value = agent.value(final_obs.to(dev), out.state).to(cpu)
-            values = (action, out.log_prob, out.value, self.is_init.unsqueeze(-1), *state)
-            for name, value in zip(names, values, strict=True):
-                record[name].append(value.to(cpu))
-            record["obs"].append(self.obs)
-            record["next_obs"].append(final_obs)
-            record["final_value"].append(final_value)
-            flags["reward"].append(reward)
-            flags["terminated"].append(terminated)
-            flags["truncated"].append(truncated)
-            self.stats.update(np.asarray(reward, dtype=np.float64), done)
-            self.obs, self.state = next_obs, out.state
-            self.is_init = torch.as_tensor(done)
-        td: TensorDict = torch.stack(record.pop("obs"), dim=1)  # type: ignore[assignment]
-        nxt: TensorDict = torch.stack(record.pop("next_obs"), dim=1)  # type: ignore[assignment]
-        for name, stacked in record.items():
-            target = nxt if name == "final_value" else td
-            target.set("state_value" if name == "final_value" else name, torch.stack(stacked, 1))
-        reward = torch.as_tensor(np.stack(flags["reward"], 1), dtype=torch.float32)
-        terminated = torch.as_tensor(np.stack(flags["terminated"], 1))
-        truncated = torch.as_tensor(np.stack(flags["truncated"], 1))
-        nxt.set("reward", reward.unsqueeze(-1))
-        nxt.set("terminated", terminated.unsqueeze(-1))
-        nxt.set("truncated", truncated.unsqueeze(-1))
-        nxt.set("done", (terminated | truncated).unsqueeze(-1))
-        td.set("next", nxt)
-        self._fill_next_values(td)
-        return td
-
-    def _fill_next_values(self, td: TensorDict) -> None:
-        """``("next", "state_value")[:, t] = state_value[:, t + 1]`` where not done."""
-        dev = self.device
-        state = self.agent.reset_state(self.state, self.is_init.to(dev))
-        last = self.agent.value(self.obs.to(dev), state).cpu()
-        following = torch.cat([td["state_value"][:, 1:], last.unsqueeze(1)], dim=1)
-        done = td["next", "done"]
-        td["next", "state_value"] = torch.where(done, td["next", "state_value"], following)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Observation, recurrent state and episode stats, as tensors (no env copies).
-
-        ``torch.load(weights_only=True)`` reads it back; the envs are ``env_copies()``.
-        """
-        return {
-            "obs": self.obs.to_dict(),
-            "state": list(self.state),
-            "is_init": self.is_init,
-            "running_return": torch.from_numpy(self.stats.running_return.copy()),
-            "running_length": torch.from_numpy(self.stats.running_length.copy()),
-        }
-
-    def env_copies(self) -> list[gym.Env] | None:
-        """The sub-envs to pickle for an exact resume (None if the env has none)."""
-        return getattr(self.env, "envs", None)
-
-    def load_state_dict(self, state: dict[str, Any], envs: list[gym.Env] | None = None) -> None:
-        """Restores ``state_dict()``; ``envs`` (unpickled ``env_copies()``) replace the envs.
-
-        Without ``envs`` the envs keep their fresh reset and the first step of every worker
-        starts an episode.
-        """
-        if envs is not None:
-            if len(envs) != self.num_envs:
-                raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
-            # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
-            self.env.envs = list(envs)  # type: ignore[attr-defined]
-            self.obs = TensorDict(state["obs"], batch_size=[self.num_envs])
-            self.state = tuple(state["state"])
-            self.is_init = state["is_init"]
-            self.stats.running_return = state["running_return"].numpy().copy()
-            self.stats.running_length = state["running_length"].numpy().copy()
-        else:
-            self.state = self.agent.initial_state(self.num_envs, self.device)
-            self.is_init = torch.ones(self.num_envs, dtype=torch.bool)

@@ -131,7 +131,7 @@ INT_FLAGS: dict[str, tuple[list[str], list[str]]] = {
 }
 FLOAT_FLAGS: dict[str, tuple[list[str], list[str]]] = {
     "gamma": (["-0.1", "1.5", "nan", "inf", "x"], ["0", "1"]),
-    "gae-lambda": (["-0.1", "1.01", "nan", "-inf"], ["0", "1"]),
+    "lmbda": (["-0.1", "1.01", "nan", "-inf"], ["0", "1"]),
     "learning-rate": (["-1e-3", "2", "nan", "inf", "x"], ["0"]),
     "clip-epsilon": (["-0.2", "nan", "inf", "100"], []),
     "value-coef": (["-1", "nan", "inf", "1e7"], ["0"]),

@@ -14,6 +14,7 @@ import torch
 from rppo_td.evaluate import main as eval_main
 from rppo_td.train import SUMMARY_KEYS, TrainConfig, Trainer, main
 from rppo_td.train._checkpoint import load_checkpoint
+from rppo_td.train._loop import _upgrade_collector_state
 
 TINY = {
     "total_steps": 256,
@@ -123,11 +124,12 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert [int(r["env_steps"]) for r in rows] == [128, 256, 384, 512]
     for row in rows:
         for key in (
-            "loss_policy",
-            "loss_value",
+            "loss_objective",
+            "loss_critic",
             "loss_entropy",
             "clip_fraction",
-            "approx_kl",
+            "kl_approx",
+            "ESS",
             "explained_variance",
             "fps",
             "episode_return_mean",
@@ -163,7 +165,13 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     a, b = _rows(tmp_path / "full"), _rows(tmp_path / "part")
     assert len(a) == len(b) == 6
     for ra, rb in zip(a, b, strict=True):
-        for key in ("env_steps", "episode_return_mean", "loss_policy", "loss_value", "approx_kl"):
+        for key in (
+            "env_steps",
+            "episode_return_mean",
+            "loss_objective",
+            "loss_critic",
+            "kl_approx",
+        ):
             assert ra[key] == rb[key], key
 
 
@@ -216,21 +224,51 @@ def test_truncation_bootstraps_from_the_final_observation(tmp_path):
     for env in collector.env.envs:
         env.unwrapped.state = np.zeros(4)
         env._elapsed_steps = 498
-    td = collector.rollout()
+    td = trainer.ppo.gae(collector.rollout())  # the trainer's GAE values "next" itself
     truncated = td["next", "truncated"].squeeze(-1)
     terminated = td["next", "terminated"].squeeze(-1)
     where = (truncated & ~terminated).nonzero()
     assert len(where), "no truncation happened"
     w, t = (int(i) for i in where[0])
-    agent = trainer.agent
     # replay step t from its stored entering state, then value the final observation
-    state = tuple(td[key][w : w + 1, t] for key in agent.state_keys)
-    out = agent.act(td.select("observation")[w : w + 1, t], state, torch.zeros(1, dtype=torch.bool))
-    expected = agent.value(td["next"].select("observation")[w : w + 1, t], out.state)
+    step = td[w : w + 1, t].exclude("next")
+    trainer.critic(step)
+    following = td["next"][w : w + 1, t].select("observation")
+    following.set("is_init", torch.zeros(1, 1, dtype=torch.bool))
+    for key in trainer.agent.critic_state_keys:
+        following.set(key, step["next", key])
+    expected = trainer.critic(following)["state_value"]
     torch.testing.assert_close(td["next", "state_value"][w : w + 1, t], expected)
     # the next observation is the pre-reset one, and the step after it starts an episode
     assert not torch.equal(td["next", "observation"][w, t], td["observation"][w, t + 1])
     assert bool(td["is_init"][w, t + 1])
+
+
+def test_collector_state_of_the_old_layout_resumes(tmp_path):
+    # before actor and critic had their own state keys, one [W, layers, 2H] tensor per key
+    # held both halves, not yet zeroed where is_init
+    trainer, _ = _run(tmp_path)
+    collector = trainer.collector
+    w, h = collector.num_envs, trainer.agent.hidden_size
+    joined = [torch.randn(w, 1, 2 * h) for _ in trainer.agent.actor_state_keys]
+    is_init = torch.tensor([True] + [False] * (w - 1))
+    obs = {"observation": torch.randn(w, 2)}
+    old = {
+        "obs": obs,
+        "state": joined,
+        "is_init": is_init,
+        "running_return": torch.zeros(w, dtype=torch.float64),
+        "running_length": torch.zeros(w, dtype=torch.int64),
+    }
+    new = _upgrade_collector_state(old, trainer.agent)
+    collector.load_state_dict(new, collector.env_copies())
+    carry = collector.state_dict()["carry"]
+    for i, key in enumerate(trainer.agent.actor_state_keys):
+        torch.testing.assert_close(carry[key][1:], joined[i][1:, :, :h])
+        torch.testing.assert_close(carry["critic_" + key][1:], joined[i][1:, :, h:])
+        assert not carry[key][0].any()
+    assert carry["is_init"].tolist() == is_init.view(-1, 1).tolist()
+    assert collector.rollout().batch_size == (w, TINY["rollout_steps"])
 
 
 def test_unavailable_device_is_refused(tmp_path, capsys):

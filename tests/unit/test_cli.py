@@ -170,3 +170,16 @@ def test_module_main_help():
     )
     assert result.returncode == 0, result.stderr
     assert "--sequence-length" in result.stdout
+
+
+def test_renamed_settings_are_read_under_their_old_names(tmp_path, caplog):
+    # gae_lambda is now lmbda (the library's and TorchRL's name): flag, file and dict
+    config, given = config_from_args(["--gae-lambda", "0.7"])
+    assert config.lmbda == 0.7 and given["lmbda"] == 0.7 and "gae_lambda" not in given
+    assert "'gae_lambda' is now called 'lmbda'" in caplog.text
+    file = tmp_path / "old.yaml"
+    file.write_text("gae_lambda: 0.6\n")
+    assert config_from_args(["--config", str(file)])[0].lmbda == 0.6
+    assert TrainConfig.from_dict({"gae_lambda": 0.5}).lmbda == 0.5
+    with pytest.raises(ValueError, match="'gae_lambda' is the old name of 'lmbda'"):
+        TrainConfig.from_dict({"gae_lambda": 0.5, "lmbda": 0.5})

@@ -15,8 +15,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rppo_td.agent import RecurrentActorCritic
 from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env, register_envs
+from rppo_td.modules import RecurrentActorCritic, RecurrentPolicy
 from rppo_td.train import evaluate_agent
 from rppo_td.train._torchrl_collector import TorchRLCollector
 
@@ -229,12 +229,14 @@ def test_evaluate_agent_raises_the_same_error():
 def test_torchrl_collector_raises_the_same_error(fault):
     env = make_env(_id(fault))
     agent = RecurrentActorCritic(env.observation_space, env.action_space, hidden_size=8)
-    collector = TorchRLCollector(_id(fault), agent, num_envs=2, rollout_steps=8, seed=0)
+    collector = TorchRLCollector(
+        _id(fault), agent, RecurrentPolicy(agent), num_workers=2, rollout_steps=8, seed=0
+    )
     try:
         with pytest.raises(EnvError) as info:
             collector.rollout()
     finally:
-        collector.close()
+        collector.shutdown()
     _check_message(info.value, _id(fault), FAULTS[fault])
 
 

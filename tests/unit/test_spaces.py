@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from rppo_td.agent import RecurrentActorCritic, observation_leaves
 from rppo_td.envs import make_env, make_vector_env
 from rppo_td.envs._checks import EnvChecker
+from rppo_td.modules import RecurrentActorCritic, RecurrentPolicy, observation_leaves
 from rppo_td.train._vector_collector import VectorCollector
 
 ENV_ID = "rppo_td_test/Spaces-v0"
@@ -75,7 +75,9 @@ def _train_steps(observation_space: gym.Space, action_space: gym.Space) -> tuple
     single = make_env(ENV_ID, **spaces)
     agent = RecurrentActorCritic(single.observation_space, single.action_space, hidden_size=8)
     env = make_vector_env(ENV_ID, 3, **spaces)
-    collector = VectorCollector(env, agent, rollout_steps=12, seed=0)
+    collector = VectorCollector(
+        env, RecurrentPolicy(agent), leaves=agent.leaves, frames_per_batch=3 * 12, seed=0
+    )
     rollout = collector.rollout()
     collector.rollout()
     assert torch.isfinite(rollout["state_value"]).all()

@@ -6,7 +6,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from rppo_td.agent._spaces import ObservationLeaf, is_image
+from rppo_td.modules._spaces import ObservationLeaf, is_image
 
 __all__ = ["ObservationNormalizer"]
 
@@ -28,7 +28,7 @@ class ObservationNormalizer(nn.Module):
     Example:
         >>> import gymnasium as gym
         >>> from tensordict import TensorDict
-        >>> from rppo_td.agent._spaces import observation_leaves
+        >>> from rppo_td.modules._spaces import observation_leaves
         >>> norm = ObservationNormalizer(observation_leaves(gym.spaces.Box(-9, 9, (2,))))
         >>> norm.update(TensorDict({"observation": torch.tensor([[1.0, 0.0], [3.0, 0.0]])}, [2]))
         >>> norm(TensorDict({"observation": torch.tensor([[3.0, 0.0]])}, [1]))["observation"]
@@ -54,6 +54,20 @@ class ObservationNormalizer(nn.Module):
             self.register_buffer(f"var_{i}", torch.ones(shape, dtype=torch.float64))
         self.count: torch.Tensor
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        # float32 mean and 1/std, derived from the float64 statistics: refreshed by update()
+        # and on load_state_dict, so forward() is two ops per leaf
+        for i, key in enumerate(self.keys):
+            shape = self.shapes[key]
+            self.register_buffer(f"shift_{i}", torch.zeros(shape), persistent=False)
+            self.register_buffer(f"scale_{i}", torch.ones(shape), persistent=False)
+        self._refresh()
+        self.register_load_state_dict_post_hook(lambda module, _: module._refresh())
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        for i in range(len(self.keys)):
+            getattr(self, f"shift_{i}").copy_(getattr(self, f"mean_{i}"))
+            getattr(self, f"scale_{i}").copy_(getattr(self, f"var_{i}").add(1e-8).rsqrt())
 
     def forward(self, obs: TensorDictBase) -> TensorDictBase:
         """Obs with batch ``[*B]`` -> a shallow copy with the float leaves standardised."""
@@ -61,9 +75,8 @@ class ObservationNormalizer(nn.Module):
             return obs
         out = obs.copy()
         for i, key in enumerate(self.keys):
-            mean = getattr(self, f"mean_{i}").to(torch.float32)
-            std = getattr(self, f"var_{i}").to(torch.float32).add(1e-8).sqrt()
-            out.set(key, ((obs.get(key) - mean) / std).clamp(-self.clip, self.clip))
+            shift, scale = getattr(self, f"shift_{i}"), getattr(self, f"scale_{i}")
+            out.set(key, ((obs.get(key) - shift) * scale).clamp_(-self.clip, self.clip))
         return out
 
     @torch.no_grad()
@@ -84,3 +97,4 @@ class ObservationNormalizer(nn.Module):
             mean.copy_(new_mean)
             var.copy_(m2 / total)
         self.count += n
+        self._refresh()

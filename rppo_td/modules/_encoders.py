@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from rppo_td.agent._spaces import ObservationLeaf, is_image
+from rppo_td.modules._spaces import ObservationLeaf, is_image
 
 __all__ = ["ObservationEncoder"]
 
@@ -111,7 +111,7 @@ class ObservationEncoder(nn.Module):
 
     Example:
         >>> from tensordict import TensorDict
-        >>> from rppo_td.agent._spaces import observation_leaves
+        >>> from rppo_td.modules._spaces import observation_leaves
         >>> enc = ObservationEncoder(observation_leaves(gym.spaces.Box(-1, 1, (2,))), hidden_size=8)
         >>> enc(TensorDict({"observation": torch.zeros(4, 5, 2)}, batch_size=[4, 5])).shape
         torch.Size([4, 5, 8])

@@ -1,0 +1,25 @@
+"""The agent as TensorDict modules: parameters, and their TorchRL actor and critic.
+
+``RecurrentActorCritic`` holds the parameters (encoders from the spaces, LSTM/GRU cores, heads);
+``RecurrentActor`` and ``RecurrentCritic`` are its TorchRL faces.
+"""
+
+from rppo_td.modules._actor_critic import Recurrence, RecurrentActorCritic
+from rppo_td.modules._modules import (
+    RecurrentActor,
+    RecurrentCritic,
+    RecurrentPolicy,
+    recurrent_state_primer,
+)
+from rppo_td.modules._spaces import observation_leaves, observation_to_tensordict
+
+__all__ = [
+    "RecurrentActor",
+    "RecurrentActorCritic",
+    "RecurrentCritic",
+    "RecurrentPolicy",
+    "Recurrence",
+    "observation_leaves",
+    "observation_to_tensordict",
+    "recurrent_state_primer",
+]

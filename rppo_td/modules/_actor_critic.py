@@ -1,0 +1,251 @@
+"""The actor-critic's parameters: encoder -> LSTM/GRU/none -> policy and value heads."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import gymnasium as gym
+import torch
+from tensordict import NestedKey, TensorDictBase
+from torch import nn
+
+from rppo_td.modules._encoders import ObservationEncoder
+from rppo_td.modules._heads import make_action_head
+from rppo_td.modules._normalizer import ObservationNormalizer
+from rppo_td.modules._spaces import observation_leaves
+
+__all__ = ["RecurrentActorCritic", "Recurrence"]
+
+Recurrence = Literal["lstm", "gru", "none"]
+STATE_KEYS = {"lstm": ("recurrent_state_h", "recurrent_state_c"), "gru": ("recurrent_state_h",)}
+
+
+def _mlp_head(in_features: int, hidden: int, layers: int, out: int, gain: float) -> nn.Sequential:
+    modules: list[nn.Module] = []
+    width = in_features
+    for _ in range(layers):
+        linear = nn.Linear(width, hidden)
+        nn.init.orthogonal_(linear.weight, math.sqrt(2))
+        nn.init.zeros_(linear.bias)
+        modules += [linear, nn.ReLU()]
+        width = hidden
+    last = nn.Linear(width, out)
+    nn.init.orthogonal_(last.weight, gain)
+    nn.init.zeros_(last.bias)
+    return nn.Sequential(*modules, last)
+
+
+class _Trunk(nn.Module):
+    """Encoder then LSTM/GRU (or nothing): obs ``[N, L]`` -> features ``[N, L, H]``."""
+
+    def __init__(self, leaves, recurrence: str, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.encoder = ObservationEncoder(leaves, hidden_size=hidden_size)
+        self.core: nn.Module | None = None
+        if recurrence == "lstm":
+            self.core = nn.LSTM(hidden_size, hidden_size, num_layers, batch_first=True)
+        elif recurrence == "gru":
+            self.core = nn.GRU(hidden_size, hidden_size, num_layers, batch_first=True)
+
+    def forward(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        restart: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Runs ``L`` steps from ``state``; returns features and the states after the last.
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: entering position 0, each ``[N, layers, H]``; or, with ``restart``, the
+                state stored at every position, each ``[N, L, layers, H]``.
+            restart: ``[N, L]`` bool: at position ``t > 0`` where True the core restarts from
+                the stored state ``state[:, t]`` instead of running on (position 0 always
+                starts from ``state[:, 0]``).
+
+        Returns:
+            ``([N, L, H], final states [N, layers, H])``.
+        """
+        features = self.encoder(obs)
+        if self.core is None:
+            return features, ()
+        if restart is None:
+            return self._run(features, state)
+        # a restart inside a row: step through the positions (rare in training batches,
+        # whose sequences never cross an episode start)
+        carry = tuple(s[:, 0] for s in state)
+        outputs = []
+        for t in range(features.shape[1]):
+            if t:
+                here = restart[:, t].view(-1, 1, 1)
+                carry = tuple(
+                    torch.where(here, s[:, t], c) for s, c in zip(state, carry, strict=True)
+                )
+            out, carry = self._run(features[:, t : t + 1], carry)
+            outputs.append(out)
+        return torch.cat(outputs, dim=1), carry
+
+    def _run(
+        self, features: torch.Tensor, state: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        assert self.core is not None
+        hidden = tuple(s.transpose(0, 1).contiguous() for s in state)
+        out, final = self.core(features, hidden if len(hidden) == 2 else hidden[0])
+        final = final if isinstance(final, tuple) else (final,)
+        return out, tuple(s.transpose(0, 1) for s in final)
+
+
+class RecurrentActorCritic(nn.Module):
+    """The parameters of an actor-critic built from the env's spaces.
+
+    Its TorchRL faces are [`RecurrentActor`][rppo_td.modules.RecurrentActor] and
+    [`RecurrentCritic`][rppo_td.modules.RecurrentCritic].
+
+    Observations are tensordicts of the leaves ``observation_leaves(observation_space)``.
+    Each network's recurrent state is stored in rollouts under its own keys, the state
+    *entering* a step, ``[*B, num_layers, hidden_size]`` each: ``actor_state_keys``
+    (``recurrent_state_h`` and, for an LSTM, ``recurrent_state_c``) and ``critic_state_keys``
+    (``critic_recurrent_state_h``/``_c``; the actor's with ``shared_critic``).
+    ``recurrence="none"`` keeps the same encoder and heads with no memory (no state keys).
+
+    Args:
+        observation_space: any space ``observation_leaves`` accepts.
+        action_space: Discrete, 1-D MultiDiscrete or 1-D Box.
+        recurrence: ``"lstm"``, ``"gru"`` or ``"none"``.
+        hidden_size: width of the encoder, the recurrent core and the head layers.
+        num_layers: recurrent layers.
+        head_layers: hidden layers in each of the policy and value heads.
+        shared_critic: one encoder and core for both heads; False (default) gives the critic
+            its own, so value-loss gradients never move the policy's features.
+        normalize_observations: standardise float vector leaves with running statistics
+            (``ObservationNormalizer``; updated by the trainer between rollouts).
+
+    Example:
+        >>> from tensordict import TensorDict
+        >>> net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
+        ...                            recurrence="lstm", hidden_size=8)
+        >>> obs = TensorDict({"observation": torch.zeros(3, 5, 2)}, batch_size=[3, 5])
+        >>> state = tuple(torch.zeros(3, *net.state_shape) for _ in net.actor_state_keys)
+        >>> dist, final = net.policy(obs, state)
+        >>> dist.sample().shape, final[0].shape, net.critic_state_keys
+        (torch.Size([3, 5]), torch.Size([3, 1, 8]), ('critic_recurrent_state_h', \
+'critic_recurrent_state_c'))
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        *,
+        recurrence: Recurrence = "lstm",
+        hidden_size: int = 64,
+        num_layers: int = 1,
+        head_layers: int = 1,
+        shared_critic: bool = False,
+        normalize_observations: bool = True,
+    ) -> None:
+        super().__init__()
+        if recurrence not in ("lstm", "gru", "none"):
+            raise ValueError(f"recurrence must be 'lstm', 'gru' or 'none', got {recurrence!r}")
+        for name, value, low in (
+            ("hidden_size", hidden_size, 1),
+            ("num_layers", num_layers, 1),
+            ("head_layers", head_layers, 0),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.recurrence = recurrence
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.shared_critic = shared_critic
+        self.action_space = action_space
+        self.leaves = observation_leaves(observation_space)
+        self.normalizer = ObservationNormalizer(self.leaves) if normalize_observations else None
+        self.actor_trunk = _Trunk(self.leaves, recurrence, hidden_size, num_layers)
+        self.critic_trunk = (
+            None if shared_critic else _Trunk(self.leaves, recurrence, hidden_size, num_layers)
+        )
+        self.action_head = make_action_head(action_space, hidden_size)
+        self.policy_mlp: nn.Module = nn.Identity()
+        if head_layers:
+            self.policy_mlp = _mlp_head(hidden_size, hidden_size, head_layers - 1, hidden_size, 1.0)
+        self.value_head = _mlp_head(hidden_size, hidden_size, head_layers, 1, 1.0)
+
+    @property
+    def observation_keys(self) -> list[NestedKey]:
+        """The observation leaves' keys, in order."""
+        return [key for key, _ in self.leaves]
+
+    @property
+    def actor_state_keys(self) -> tuple[str, ...]:
+        """Rollout keys of the actor's recurrent state (empty without recurrence)."""
+        return STATE_KEYS.get(self.recurrence, ())
+
+    @property
+    def critic_state_keys(self) -> tuple[str, ...]:
+        """Rollout keys of the critic's recurrent state (the actor's if shared)."""
+        if self.shared_critic:
+            return self.actor_state_keys
+        return tuple(f"critic_{key}" for key in self.actor_state_keys)
+
+    @property
+    def state_keys(self) -> tuple[str, ...]:
+        """Every recurrent-state key of the rollout: the actor's, then the critic's."""
+        return tuple(dict.fromkeys((*self.actor_state_keys, *self.critic_state_keys)))
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        """``(num_layers, hidden_size)``: the shape of one step's state under each key."""
+        return (self.num_layers, self.hidden_size)
+
+    def normalize(self, obs: TensorDictBase) -> TensorDictBase:
+        """The observations standardised by the running statistics (unchanged without)."""
+        return obs if self.normalizer is None else self.normalizer(obs)
+
+    def policy(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        restart: torch.Tensor | None = None,
+        *,
+        batch_shape: tuple[int, ...] | None = None,
+        normalized: bool = False,
+    ) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        """The action distribution over ``L`` steps and the actor's state after them.
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: the actor's, entering position 0, each ``[N, layers, H]`` (or stored at
+                every position, ``[N, L, layers, H]``, with ``restart``).
+            restart: ``[N, L]`` bool; see ``_Trunk.forward``.
+            batch_shape: the distribution's batch shape (``N * L`` elements); default
+                ``[N, L]``.
+            normalized: ``obs`` is already ``normalize(obs)``.
+
+        Returns:
+            A distribution of batch ``batch_shape`` (``sample``, ``log_prob``, ``entropy``,
+            ``mode``) and the final states ``[N, layers, H]``.
+        """
+        obs = obs if normalized else self.normalize(obs)
+        features, final = self.actor_trunk(obs, state, restart)
+        if batch_shape is not None:
+            features = features.reshape(*batch_shape, features.shape[-1])
+        return self.action_head(self.policy_mlp(features)), final
+
+    def value(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        restart: torch.Tensor | None = None,
+        *,
+        normalized: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``V`` ``[N, L, 1]`` over ``L`` steps and the critic's state after them.
+
+        Args and states as in ``policy``, with the critic's state.
+        """
+        trunk = self.actor_trunk if self.critic_trunk is None else self.critic_trunk
+        obs = obs if normalized else self.normalize(obs)
+        features, final = trunk(obs, state, restart)
+        return self.value_head(features), final

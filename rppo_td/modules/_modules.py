@@ -1,0 +1,307 @@
+"""The actor-critic as TorchRL TensorDict modules: ``RecurrentActor`` and ``RecurrentCritic``.
+
+Both run in TorchRL's two modes, as ``LSTMModule`` does:
+
+- **step mode** (the default; collectors): batch ``[*B]``, one step; the state is read from
+  the state keys (zero where missing), zeroed where ``is_init`` is True, and the state after
+  the step is written to ``("next", <state key>)``.
+- **recurrent mode** (inside ``torchrl.modules.set_recurrent_mode(True)``; losses): batch
+  ``[*B, L]``, time last; each row runs from the state stored at its position 0 and, where
+  ``is_init`` is True at a later position, restarts from the state stored there (TorchRL's
+  split semantics). No state is written.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict.nn import InteractionType, TensorDictModuleBase
+from tensordict.nn.probabilistic import interaction_type
+from torchrl.data import Composite, Unbounded
+from torchrl.envs.transforms import TensorDictPrimer
+from torchrl.modules import recurrent_mode
+
+from rppo_td.modules._actor_critic import RecurrentActorCritic
+
+__all__ = ["RecurrentActor", "RecurrentCritic", "RecurrentPolicy", "recurrent_state_primer"]
+
+_IS_INIT = "is_init"
+_DETERMINISTIC = (
+    InteractionType.DETERMINISTIC,
+    InteractionType.MODE,
+    InteractionType.MEAN,
+    InteractionType.MEDIAN,
+)
+
+
+class _Inputs:
+    """A tensordict's inputs flattened to ``[N, L]`` for one of the networks."""
+
+    def __init__(
+        self,
+        module: _NetModule,
+        tensordict: TensorDictBase,
+    ) -> None:
+        net = module.net
+        self.recurrent = bool(recurrent_mode())
+        batch = tuple(tensordict.batch_size)
+        if self.recurrent:
+            if not batch:
+                raise ValueError(
+                    f"{type(module).__name__} in recurrent mode needs a time dimension (the "
+                    "last batch dimension); got a tensordict with batch size []"
+                )
+            n, length = math.prod(batch[:-1]), batch[-1]
+        else:
+            n, length = math.prod(batch), 1
+        self.batch = batch
+        self.n = n
+        if self.recurrent:
+            flat = tensordict if len(batch) == 2 else tensordict.reshape(n, length)
+        else:
+            flat = tensordict if len(batch) == 1 else tensordict.reshape(n)
+        obs = flat.select(*net.observation_keys)
+        self.obs = obs if self.recurrent else obs.unsqueeze(1)
+        is_init = flat.get(module.is_init_key, None)
+        if is_init is None:
+            raise KeyError(
+                f"{type(module).__name__} needs {module.is_init_key!r} ([*B, 1] bool, True at "
+                "an episode's first step; TorchRL's InitTracker writes it) to reset its state"
+            )
+        expected = (n, length, 1) if self.recurrent else (n, 1)
+        if is_init.dtype != torch.bool or is_init.numel() != math.prod(expected):
+            raise ValueError(
+                f"{module.is_init_key!r} must be bool of shape {[*batch, 1]}, got "
+                f"{is_init.dtype} {list(tensordict.get(module.is_init_key).shape)}"
+            )
+        is_init = is_init.reshape(n, length)
+        shape = net.state_shape
+        stored: list[torch.Tensor] = []
+        for key in module.state_keys:
+            value = flat.get(key, None)
+            full = (n, length, *shape) if self.recurrent else (n, *shape)
+            if value is None:
+                value = torch.zeros(full, device=is_init.device)
+            elif tuple(value.shape) != full:
+                raise ValueError(
+                    f"{key!r} must have shape {[*batch, *shape]} (batch, layers, hidden), got "
+                    f"{list(tensordict.get(key).shape)}"
+                )
+            stored.append(value)
+        self.restart: torch.Tensor | None = None
+        if self.recurrent:
+            if length > 1 and bool(is_init[:, 1:].any()):
+                self.restart = is_init
+                self.state = tuple(stored)
+            else:
+                self.state = tuple(s[:, 0] for s in stored)
+        elif stored:
+            keep = (~is_init).view(n, 1, 1).to(stored[0].dtype)
+            self.state = tuple(s * keep for s in stored)
+        else:
+            self.state = ()
+
+    def write_state(
+        self, tensordict: TensorDictBase, keys: tuple[str, ...], final: tuple[torch.Tensor, ...]
+    ) -> None:
+        """Step mode: the states after the step into ``("next", key)``, ``[*B, layers, H]``."""
+        if self.recurrent or not keys:
+            return
+        batch = self.batch
+        values = {
+            k: v if len(batch) == 1 else v.reshape(*batch, *v.shape[1:])
+            for k, v in zip(keys, final, strict=True)
+        }
+        following = tensordict.get("next", None)
+        if following is None:
+            tensordict.set("next", TensorDict(values, batch_size=batch, device=tensordict.device))
+        else:
+            following.update(values)
+
+
+def _checked(net: RecurrentActorCritic) -> RecurrentActorCritic:
+    if not isinstance(net, RecurrentActorCritic):
+        raise TypeError(f"net must be a RecurrentActorCritic, got {type(net).__name__}")
+    return net
+
+
+class _NetModule(TensorDictModuleBase):
+    def __init__(
+        self, net: RecurrentActorCritic, state_keys: tuple[str, ...], is_init_key: str
+    ) -> None:
+        super().__init__()
+        self.net = net
+        self.state_keys = state_keys
+        self.is_init_key = is_init_key
+
+    def _state_out_keys(self) -> list[NestedKey]:
+        return [("next", key) for key in self.state_keys]
+
+
+class RecurrentActor(_NetModule):
+    """The policy half of a ``RecurrentActorCritic`` as a TorchRL probabilistic actor.
+
+    Reads the observation leaves, ``is_init`` (``[*B, 1]`` bool) and the actor's state keys
+    (``[*B, layers, H]``); writes ``action``, ``action_log_prob`` (``[*B]``) and, in step
+    mode, ``("next", <state key>)``. ``get_dist(tensordict)`` gives the distribution (what
+    ``ClipPPOLoss`` and ``rppo_td.RecurrentPPOLoss`` call). The action is sampled under
+    ``set_exploration_type(RANDOM)`` (what collectors set) and is the mode under
+    ``DETERMINISTIC``/``MODE``/``MEAN``; with neither set, ``default_interaction_type``.
+    See the module docstring for step and recurrent mode.
+
+    Args:
+        net: the parameters.
+        default_interaction_type: used outside any ``set_exploration_type``;
+            ``DETERMINISTIC`` (TorchRL's default for probabilistic actors).
+        is_init_key: the key of ``is_init``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from tensordict import TensorDict
+        >>> from torchrl.envs.utils import ExplorationType, set_exploration_type
+        >>> net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
+        ...                            hidden_size=8)
+        >>> td = TensorDict({"observation": torch.zeros(3, 2),
+        ...                  "is_init": torch.ones(3, 1, dtype=torch.bool)}, batch_size=[3])
+        >>> with set_exploration_type(ExplorationType.RANDOM):
+        ...     td = RecurrentActor(net)(td)
+        >>> td["action"].shape, td["action_log_prob"].shape, td["next", "recurrent_state_c"].shape
+        (torch.Size([3]), torch.Size([3]), torch.Size([3, 1, 8]))
+    """
+
+    def __init__(
+        self,
+        net: RecurrentActorCritic,
+        *,
+        default_interaction_type: InteractionType = InteractionType.DETERMINISTIC,
+        is_init_key: str = _IS_INIT,
+    ) -> None:
+        super().__init__(net, _checked(net).actor_state_keys, is_init_key)
+        self.default_interaction_type = InteractionType(default_interaction_type)
+        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
+        self.out_keys = ["action", "action_log_prob", *self._state_out_keys()]
+
+    def _dist(self, tensordict: TensorDictBase) -> tuple[Any, _Inputs, tuple[torch.Tensor, ...]]:
+        inputs = _Inputs(self, tensordict)
+        dist, final = self.net.policy(
+            inputs.obs, inputs.state, inputs.restart, batch_shape=inputs.batch
+        )
+        return dist, inputs, final
+
+    def get_dist(self, tensordict: TensorDictBase) -> Any:
+        """The action distribution, batch ``[*B]`` (step mode) or ``[*B, L]`` (recurrent).
+
+        It has ``sample()``, ``log_prob(action)``, ``entropy()`` and ``mode``.
+        """
+        return self._dist(tensordict)[0]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Writes the out keys into ``tensordict`` and returns it."""
+        dist, inputs, final = self._dist(tensordict)
+        kind = interaction_type() or self.default_interaction_type
+        action = dist.mode if kind in _DETERMINISTIC else dist.sample()
+        tensordict.set("action", action)
+        tensordict.set("action_log_prob", dist.log_prob(action))
+        inputs.write_state(tensordict, self.state_keys, final)
+        return tensordict
+
+
+class RecurrentCritic(_NetModule):
+    """The value half of a ``RecurrentActorCritic`` as a TorchRL value operator.
+
+    Reads the observation leaves, ``is_init`` and the critic's state keys; writes
+    ``state_value`` (``[*B, 1]``, or ``[*B, L, 1]`` in recurrent mode) and, in step mode,
+    ``("next", <state key>)``. See the module docstring for the two modes.
+
+    Args:
+        net: the parameters.
+        is_init_key: the key of ``is_init``.
+    """
+
+    def __init__(self, net: RecurrentActorCritic, *, is_init_key: str = _IS_INIT) -> None:
+        super().__init__(net, _checked(net).critic_state_keys, is_init_key)
+        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
+        self.out_keys = ["state_value", *self._state_out_keys()]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Writes the out keys into ``tensordict`` and returns it."""
+        inputs = _Inputs(self, tensordict)
+        value, final = self.net.value(inputs.obs, inputs.state, inputs.restart)
+        tensordict.set("state_value", value.reshape(*inputs.batch, 1))
+        inputs.write_state(tensordict, self.state_keys, final)
+        return tensordict
+
+
+class RecurrentPolicy(_NetModule):
+    """Actor and critic of one ``RecurrentActorCritic`` in one module, for collectors.
+
+    The same inputs and outputs as ``TensorDictSequential(RecurrentActor(net),
+    RecurrentCritic(net))`` (``action``, ``action_log_prob``, ``state_value`` and, in step
+    mode, ``("next", <state key>)`` for both networks), with one pass over the inputs and one
+    observation normalisation for both networks: ``benchmarks/agent_modules.py`` times it.
+
+    Args:
+        net: the parameters.
+        default_interaction_type: as in ``RecurrentActor``.
+        is_init_key: the key of ``is_init``.
+    """
+
+    def __init__(
+        self,
+        net: RecurrentActorCritic,
+        *,
+        default_interaction_type: InteractionType = InteractionType.DETERMINISTIC,
+        is_init_key: str = _IS_INIT,
+    ) -> None:
+        super().__init__(net, _checked(net).state_keys, is_init_key)
+        self.default_interaction_type = InteractionType(default_interaction_type)
+        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
+        self.out_keys = [
+            "action",
+            "action_log_prob",
+            "state_value",
+            *self._state_out_keys(),
+        ]
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        """Writes the out keys into ``tensordict`` and returns it."""
+        net = self.net
+        inputs = _Inputs(self, tensordict)
+        state = dict(zip(self.state_keys, inputs.state, strict=True))
+        obs = net.normalize(inputs.obs)
+        dist, actor_final = net.policy(
+            obs,
+            tuple(state[key] for key in net.actor_state_keys),
+            inputs.restart,
+            batch_shape=inputs.batch,
+            normalized=True,
+        )
+        value, critic_final = net.value(
+            obs, tuple(state[key] for key in net.critic_state_keys), inputs.restart, normalized=True
+        )
+        kind = interaction_type() or self.default_interaction_type
+        action = dist.mode if kind in _DETERMINISTIC else dist.sample()
+        tensordict.set("action", action)
+        tensordict.set("action_log_prob", dist.log_prob(action))
+        tensordict.set("state_value", value.reshape(*inputs.batch, 1))
+        final = dict(zip(net.actor_state_keys, actor_final, strict=True))
+        final.update(zip(net.critic_state_keys, critic_final, strict=True))
+        inputs.write_state(tensordict, self.state_keys, tuple(final[k] for k in self.state_keys))
+        return tensordict
+
+
+def recurrent_state_primer(net: RecurrentActorCritic) -> TensorDictPrimer:
+    """TorchRL primer that adds the zero recurrent states ``[layers, H]`` to env resets.
+
+    Args:
+        net: the actor-critic (``net.state_keys`` must not be empty).
+    """
+    if not net.state_keys:
+        raise ValueError("recurrence='none' has no recurrent state to prime")
+    spec = Composite(
+        {key: Unbounded(shape=net.state_shape, dtype=torch.float32) for key in net.state_keys}
+    )
+    return TensorDictPrimer(spec, expand_specs=True)

@@ -1,0 +1,300 @@
+"""``TorchRLCollector``: TorchRL's ``Collector`` in the library's ``[W, T]`` layout.
+
+Both TorchRL constructions (``GymWrapper`` over gymnasium's ``SyncVectorEnv``, and
+``SerialEnv`` of ``GymWrapper``) are checked for the layout, zero states at ``is_init`` and
+final observations under ``"next"``. The gym-vector construction is seeded as
+``VectorCollector`` is, so with the same weights and a deterministic policy both collect the
+same rollouts; a step-by-step replay on fresh ``make_env`` copies is the naive reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from rppo_td.envs import CARTPOLE_NOVEL_ID, make_cartpole_novel, make_env, make_vector_env
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+from rppo_td.train._torchrl_collector import TorchRLCollector
+from rppo_td.train._vector_collector import VectorCollector
+from rppo_td.transforms import GAE
+
+REPO = Path(__file__).resolve().parents[2]
+
+# CartPoleNoVel with a 10-step time limit: rollouts hold truncations and terminations
+SHORT_ID = "rppo_td_test/CartPoleNoVelShort-v1"
+TIME_LIMIT = 10
+if SHORT_ID not in gym.registry:
+    gym.register(id=SHORT_ID, entry_point=make_cartpole_novel, max_episode_steps=TIME_LIMIT)
+
+W, T = 3, 24
+FLAGS = ("reward", "terminated", "truncated", "done")
+
+
+class Deterministic(TensorDictModuleBase):
+    """Runs ``module`` under ``DETERMINISTIC`` exploration (collectors set ``RANDOM``)."""
+
+    def __init__(self, module: TensorDictModuleBase) -> None:
+        super().__init__()
+        self.module = module
+        self.in_keys = module.in_keys
+        self.out_keys = module.out_keys
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            return self.module(tensordict)
+
+
+def make_net(recurrence: str = "lstm", **kwargs) -> RecurrentActorCritic:
+    env = make_env(SHORT_ID)
+    torch.manual_seed(0)
+    return RecurrentActorCritic(
+        env.observation_space, env.action_space, recurrence=recurrence, hidden_size=8, **kwargs
+    )
+
+
+def policy_of(net: RecurrentActorCritic) -> TensorDictSequential:
+    return TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))
+
+
+def collect(net, policy, *, batching="vector", rollouts=1, seed=0):
+    device = next(net.parameters()).device
+    collector = TorchRLCollector(
+        SHORT_ID,
+        net,
+        policy,
+        num_workers=W,
+        rollout_steps=T,
+        seed=seed,
+        device=device,
+        batching=batching,
+    )
+    try:
+        return [collector.rollout() for _ in range(rollouts)], collector
+    finally:
+        collector.shutdown()
+
+
+def expected_keys(net: RecurrentActorCritic) -> set:
+    obs = list(net.observation_keys)
+    return {
+        *obs,
+        "action",
+        "action_log_prob",
+        "state_value",
+        "is_init",
+        *net.state_keys,
+        *[("next", k) for k in obs],
+        *[("next", k) for k in net.state_keys],
+        *[("next", k) for k in FLAGS],
+    }
+
+
+@pytest.fixture(scope="module", params=["vector", "serial"])
+def collected(request):
+    """``(net, two consecutive rollouts, the finished episodes)`` of one construction."""
+    net = make_net(shared_critic=False)
+    rollouts, collector = collect(net, policy_of(net), batching=request.param, rollouts=2)
+    return net, rollouts, collector.episodes.pop()
+
+
+def check_layout(net: RecurrentActorCritic, td: TensorDictBase) -> None:
+    assert td.batch_size == (W, T)
+    assert set(td.keys(include_nested=True, leaves_only=True)) == expected_keys(net)
+    assert ("next", "state_value") not in td.keys(include_nested=True)
+    for key in ("is_init", *[("next", k) for k in FLAGS]):
+        assert td[key].shape == (W, T, 1), key
+    for key in ("is_init", ("next", "terminated"), ("next", "truncated"), ("next", "done")):
+        assert td[key].dtype == torch.bool, key
+    assert td["state_value"].shape == (W, T, 1)
+    assert td["action"].shape == td["action_log_prob"].shape == (W, T)
+    for key in net.state_keys:
+        assert td[key].shape == td["next", key].shape == (W, T, *net.state_shape)
+    done = td["next", "done"]
+    assert torch.equal(done, td["next", "terminated"] | td["next", "truncated"])
+    assert torch.equal(td["is_init"][:, 1:], done[:, :-1])
+
+
+def test_layout(collected):
+    net, rollouts, (returns, lengths) = collected
+    for td in rollouts:
+        check_layout(net, td)
+    # every env starts an episode at the first step; one starts after each done
+    assert rollouts[0]["is_init"][:, 0].all()
+    assert torch.equal(rollouts[1]["is_init"][:, 0], rollouts[0]["next", "done"][:, -1])
+    # the episodes counted are the rollouts' dones
+    dones = sum(int(td["next", "done"].sum()) for td in rollouts)
+    assert len(returns) == len(lengths) == dones
+    assert all(1 <= n <= TIME_LIMIT for n in lengths)
+
+
+@pytest.mark.parametrize("batching", ["vector", "serial"])
+def test_layout_without_recurrence(batching):
+    net = make_net("none")
+    (td,), _ = collect(net, policy_of(net), batching=batching)
+    assert not net.state_keys
+    check_layout(net, td)
+
+
+def test_states_zero_at_is_init_and_carried_otherwise(collected):
+    net, rollouts, _ = collected
+    for td in rollouts:
+        init = td["is_init"].squeeze(-1)
+        assert init.any() and (~init).any()
+        for key in net.state_keys:
+            state = td[key]
+            assert not state[init].any(), key
+            # within an episode the entering state is the previous step's state after it
+            carried = ~init[:, 1:]
+            torch.testing.assert_close(state[:, 1:][carried], td["next", key][:, :-1][carried])
+            assert state[:, 1:][carried].abs().sum() > 0
+
+
+def test_next_observation_is_the_final_one_and_flags_stay_apart(collected):
+    _, rollouts, _ = collected
+    td = torch.cat(rollouts, dim=1)
+    obs, following = td["observation"], td["next", "observation"]
+    done = td["next", "done"].squeeze(-1)
+    # inside an episode the next observation is the following step's
+    inside = ~done[:, :-1]
+    torch.testing.assert_close(following[:, :-1][inside], obs[:, 1:][inside])
+    # at an episode end it is the final one, not the reset that follows
+    ended = done[:, :-1]
+    assert ended.any()
+    assert (following[:, :-1][ended] != obs[:, 1:][ended]).any(dim=-1).all()
+    # truncations (the time limit) are kept apart from terminations
+    terminated = td["next", "terminated"].squeeze(-1)
+    truncated = td["next", "truncated"].squeeze(-1)
+    assert truncated.any() and terminated.any()
+    assert not (terminated & truncated).any()
+
+
+def replay(td: TensorDictBase, seed: int) -> None:
+    """The naive reference: steps fresh ``make_env`` copies (env ``i`` from ``seed + i``)."""
+    for i in range(td.shape[0]):
+        env = make_env(SHORT_ID)
+        obs, _ = env.reset(seed=seed + i)
+        for t in range(td.shape[1]):
+            torch.testing.assert_close(td["observation"][i, t], torch.as_tensor(obs))
+            obs, reward, term, trunc, _ = env.step(int(td["action"][i, t]))
+            torch.testing.assert_close(td["next", "observation"][i, t], torch.as_tensor(obs))
+            assert float(td["next", "reward"][i, t]) == reward
+            assert bool(td["next", "terminated"][i, t]) == term
+            assert bool(td["next", "truncated"][i, t]) == trunc
+            if term or trunc:
+                obs, _ = env.reset()
+
+
+def test_gym_vector_path_matches_vector_collector_and_the_replay():
+    net = make_net(shared_critic=False)
+    policy = Deterministic(policy_of(net))
+    ours, _ = collect(net, policy, batching="vector", rollouts=2, seed=3)
+    vector = VectorCollector(
+        make_vector_env(SHORT_ID, W), policy, leaves=net.leaves, frames_per_batch=W * T, seed=3
+    )
+    try:
+        theirs = [vector.rollout() for _ in range(2)]
+    finally:
+        vector.shutdown()
+    assert torch.cat([td["next", "truncated"] for td in ours], 1).any()
+    assert torch.cat([td["next", "terminated"] for td in ours], 1).any()
+    for a, b in zip(ours, theirs, strict=True):
+        for key in expected_keys(net):
+            torch.testing.assert_close(a[key], b[key], msg=f"{key}: {{}}")
+    replay(torch.cat(ours, dim=1), seed=3)
+    # set_seed restarts the envs as a fresh collector seeded the same way starts them
+    collector = TorchRLCollector(SHORT_ID, net, policy, num_workers=W, rollout_steps=T, seed=0)
+    try:
+        collector.rollout()
+        collector.set_seed(3)
+        again = collector.rollout()
+    finally:
+        collector.shutdown()
+    for key in expected_keys(net):
+        torch.testing.assert_close(again[key], ours[0][key], msg=f"{key}: {{}}")
+
+
+def test_gae_with_the_recurrent_critic_runs_on_it():
+    net = make_net(shared_critic=False)
+    (td,), _ = collect(net, policy_of(net))
+    before = td.clone()
+    out = GAE(gamma=0.99, lmbda=0.95, value_network=RecurrentCritic(net))(td)
+    for key in ("advantage", "value_target"):
+        assert out[key].shape == (W, T, 1)
+        assert torch.isfinite(out[key]).all()
+    # ("next", "state_value") is V(next obs) from the critic's state after each step
+    with torch.no_grad():
+        following = td["next"].select(*net.observation_keys, *net.critic_state_keys)
+        following["is_init"] = torch.zeros(W, T, 1, dtype=torch.bool)
+        expected = RecurrentCritic(net)(following)["state_value"]
+    torch.testing.assert_close(out["next", "state_value"], expected)
+    for key in before.keys(include_nested=True, leaves_only=True):
+        torch.testing.assert_close(out[key], before[key])
+
+
+def test_state_dict_is_empty_and_a_resume_warns_once(caplog):
+    net = make_net()
+    collector = TorchRLCollector(
+        SHORT_ID, net, policy_of(net), num_workers=2, rollout_steps=4, seed=0
+    )
+    try:
+        assert dict(collector.state_dict()) == {}
+        with caplog.at_level(logging.WARNING, logger="rppo_td.train._torchrl_collector"):
+            collector.load_state_dict({})
+            collector.load_state_dict({})
+        warnings = [r for r in caplog.records if "does not checkpoint env state" in r.message]
+        assert len(warnings) == 1
+        assert collector.rollout().batch_size == (2, 4)
+    finally:
+        collector.shutdown()
+
+
+def test_shutdown_leaves_no_hang():
+    script = textwrap.dedent(
+        f"""
+        from tensordict.nn import TensorDictSequential
+        from rppo_td.modules import RecurrentActor, RecurrentCritic
+        from rppo_td.train import TrainConfig
+        from rppo_td.train._setup import build_agent
+        from rppo_td.train._torchrl_collector import TorchRLCollector
+
+        net = build_agent(TrainConfig(hidden_size=8))
+        policy = TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))
+        for batching in ("vector", "serial"):
+            c = TorchRLCollector("{CARTPOLE_NOVEL_ID}", net, policy, num_workers=2,
+                                 rollout_steps=4, seed=0, batching=batching)
+            c.rollout()
+            c.shutdown()
+        print("done")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("done")
+
+
+@pytest.mark.gpu
+def test_rollouts_are_built_on_the_device():
+    net = make_net(shared_critic=False).to("cuda")
+    (td,), _ = collect(net, policy_of(net))
+    assert td.device is None or td.device.type == "cuda"
+    for key in expected_keys(net):
+        assert td[key].device.type == "cuda", key
+    out = GAE(gamma=0.99, lmbda=0.95, value_network=RecurrentCritic(net))(td)
+    assert out["advantage"].device.type == "cuda"
