@@ -45,7 +45,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import LSTMModule, ProbabilisticActor, ValueOperator, set_recurrent_mode
 
 from rppo_td import RecurrentPPOLoss
-from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
 
 OBS, ACTIONS, HIDDEN, LAYERS = 2, 2, 64, 1
 WORKERS, LENGTH = 16, 16
@@ -333,6 +333,10 @@ def main() -> None:
         name: step_candidate(TensorDictSequential(a, c), base, steps)
         for name, (a, c) in agents.items()
     }
+    # what the trainer collects with: both networks of the normalised agent in one module
+    step_candidates["rppo_td+norm fused"] = step_candidate(
+        RecurrentPolicy(rn_actor.net), base, steps
+    )
     step_candidates["copy only"] = copy_candidate(base, steps)
     step_times = time_interleaved(step_candidates, repeats=repeats, warmup=2)
     for t in step_times.values():
@@ -367,6 +371,12 @@ def main() -> None:
                 f"{times['torchrl']['median'] / times['rppo_td']['median']:.2f}",
             ]
         )
+    fused = step_times["rppo_td+norm fused"]["median"]
+    print(
+        f"\nRecurrentPolicy (fused actor+critic, normalised): {format_seconds(fused)} per step, "
+        f"{step_times['rppo_td+norm']['median'] / fused:.2f}x faster than "
+        "TensorDictSequential(RecurrentActor, RecurrentCritic)"
+    )
     copy_time = format_seconds(step_times["copy only"]["median"])
     print(f"\n(copy only, included in every step figure: {copy_time})")
     print_table(headers, rows)

@@ -33,7 +33,8 @@ def network_values(
     who: str,
     params: TensorDictBase | None = None,
     target_params: TensorDictBase | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    current: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from ``network``, without gradients.
 
     The network runs on a selection of its ``in_keys`` (a copy of the whole tensordict for a
@@ -52,6 +53,8 @@ def network_values(
         params: parameters to run ``network`` with (TorchRL's functional parameters,
             detached here); ``None``: the network's own.
         target_params: parameters for the next values; ``None``: ``params``.
+        current: also compute ``V(o_t)``; False returns ``None`` in its place (one network
+            call instead of two).
 
     Returns:
         ``(value, next_value)``, each ``[*B, T, 1]``, detached.
@@ -85,8 +88,10 @@ def network_values(
     if target_params is None:
         target_params = params
     with torch.no_grad():
-        with _parameters(params, network):
-            value = get_key(network(root), value_key, hint="(value_network's output)")
+        value = None
+        if current:
+            with _parameters(params, network):
+                value = get_key(network(root), value_key, hint="(value_network's output)")
         with _parameters(target_params, network):
             next_value = get_key(
                 network(following),

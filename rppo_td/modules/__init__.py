@@ -11,9 +11,14 @@ from rppo_td.modules._modules import (
     RecurrentPolicy,
     recurrent_state_primer,
 )
-from rppo_td.modules._spaces import observation_leaves, observation_to_tensordict
+from rppo_td.modules._spaces import (
+    ObservationLeaf,
+    observation_leaves,
+    observation_to_tensordict,
+)
 
 __all__ = [
+    "ObservationLeaf",
     "RecurrentActor",
     "RecurrentActorCritic",
     "RecurrentCritic",

@@ -231,7 +231,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             return self._masked_forward(tensordict)
 
     def _masked_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
-        tensordict = tensordict.clone(False)
+        tensordict = tensordict.clone(False)  # the estimator and actors write into it
         keys = self.tensor_keys
         advantage = tensordict.get(keys.advantage, None)
         computed = advantage is None
@@ -247,6 +247,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
             advantage = get_key(tensordict, keys.advantage)
         mask = self._mask(tensordict)
+        count = mask.sum()
         advantage = _where(mask, advantage, 0.0)
         if self.advantage_norm is not None:
             advantage = self._scale_advantage(advantage, tensordict, update=computed)
@@ -268,16 +269,16 @@ class RecurrentPPOLoss(ClipPPOLoss):
         losses: dict[str, torch.Tensor] = {"loss_objective": -gain}
         with torch.no_grad():
             stats = {
-                "clip_fraction": masked_mean((clipped != behaviour).to(gain.dtype), mask),
-                "kl_approx": masked_mean(_where(mask, kl_approx, 0.0), mask),
+                "clip_fraction": _mean((clipped != behaviour).to(gain.dtype), mask, count),
+                "kl_approx": _mean(kl_approx, mask, count),
             }
-            stats.update(_ratio_stats(behaviour, mask))
+            stats.update(_ratio_stats(behaviour, mask, count))
         if self.entropy_bonus:
             entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
             if is_tensor_collection(entropy):
                 entropy = sum(entropy.values(True, True))
             entropy = _where(mask, entropy, 0.0)
-            stats["entropy"] = masked_mean(entropy.detach(), mask)
+            stats["entropy"] = entropy.detach().sum() / count
             losses["loss_entropy"] = self._weighted_loss_entropy(entropy)
         if self._has_critic:
             loss_critic, value_clip_fraction, explained_variance = self.loss_critic(tensordict)
@@ -286,7 +287,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 stats["value_clip_fraction"] = value_clip_fraction
             if explained_variance is not None:
                 stats["explained_variance"] = explained_variance
-        out = {name: self._reduce_loss(x, tensordict).squeeze(-1) for name, x in losses.items()}
+        # every term is zero on padding already: a mean is a sum over the real steps' count
+        if self.reduction == "mean":
+            out = {name: x.sum() / count for name, x in losses.items()}
+        else:
+            out = {name: self._reduce_loss(x, tensordict).squeeze(-1) for name, x in losses.items()}
         td_out = TensorDict({**out, **stats}, batch_size=[])
         self._clear_weakrefs(tensordict, td_out, *_PARAMS)
         return td_out
@@ -316,8 +321,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self.clip_value is not None:
             hint = "(clip_value needs the values the data was collected with)"
             old_value = _where(mask, get_key(tensordict, keys.value, hint=hint), 0.0).detach()
+        # the critic writes its outputs: give it a copy of what it reads
+        in_keys = getattr(self.critic_network, "in_keys", None)
+        inputs = tensordict.select(*in_keys, strict=False) if in_keys else tensordict.copy()
         with self._critic_parameters():
-            value = get_key(self.critic_network(tensordict.copy()), keys.value)
+            value = get_key(self.critic_network(inputs), keys.value)
         target, value, old_value = self._critic_loss_inputs(target, value, old_value)
         loss = distance_loss(target, value, loss_function=self.loss_critic_type)
         value_clip_fraction = None
@@ -376,13 +384,20 @@ def _masked_variance(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean((x - masked_mean(x, mask)).square(), mask)
 
 
-def _ratio_stats(log_weight: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def _mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """The mean of ``x`` ``[*B]`` or ``[*B, 1]`` over the ``count`` real steps of ``mask``."""
+    return _where(mask, x, 0.0).sum() / count
+
+
+def _ratio_stats(
+    log_weight: torch.Tensor, mask: torch.Tensor, count: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """ESS (normalised to ``(0, 1]``), largest and mean ratio, over the real steps."""
     log_weight = _where(mask, log_weight, -torch.inf).flatten()
-    ess = (2 * log_weight.logsumexp(0) - (2 * log_weight).logsumexp(0)).exp() / mask.sum()
+    ess = (2 * log_weight.logsumexp(0) - (2 * log_weight).logsumexp(0)).exp() / count
     ratio = log_weight.exp()
     return {
         "ESS": ess,
         "max_ratio": ratio.max(),
-        "mean_ratio": ratio.sum() / mask.sum(),
+        "mean_ratio": ratio.sum() / count,
     }

@@ -220,7 +220,7 @@ class GAEEstimator(ValueEstimatorBase):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients."""
         keys = self.tensor_keys
-        return network_values(
+        value, next_value = network_values(
             self.value_network,
             tensordict,
             value_key=keys.value,
@@ -230,3 +230,5 @@ class GAEEstimator(ValueEstimatorBase):
             params=params,
             target_params=target_params,
         )
+        assert value is not None  # current=True
+        return value, next_value

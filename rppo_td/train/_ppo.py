@@ -11,7 +11,7 @@ from torch import nn
 from rppo_td.modules import RecurrentActor, RecurrentCritic
 from rppo_td.objectives import RecurrentPPOLoss
 from rppo_td.sampling import SequenceSampler
-from rppo_td.transforms import GAE, EpisodeSplitter, SequenceChunker
+from rppo_td.transforms import GAE, EpisodeSplitter, SequenceChunker, SequencePadder
 
 __all__ = ["PPOSettings", "PPOUpdate"]
 
@@ -38,10 +38,11 @@ class PPOUpdate:
     ``GAE(value_network=critic)`` (on the full ``[W, T]``; it computes
     ``("next", "state_value")`` from the states after each step, bootstrapping on
     truncation), ``EpisodeSplitter`` and ``SequenceChunker`` prepare the rollout;
-    ``SequenceSampler`` gathers each epoch's minibatches of whole sequences ``[B, Lp]`` with
-    ``loss_mask``; ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode:
-    each sequence from its stored state at position 0) gives the loss terms, summed for one
-    Adam step with the gradient norm clipped. ``value_coef`` weighs ``0.5 * (V - target)^2``.
+    ``SequencePadder`` regroups it once into sequences ``[N, Lp]`` with ``loss_mask``;
+    ``SequenceSampler`` draws each epoch's minibatches of whole sequences ``[B, Lp]``;
+    ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode: each sequence
+    from its stored state at position 0) gives the loss terms, summed for one Adam step with
+    the gradient norm clipped. ``value_coef`` weighs ``0.5 * (V - target)^2``.
 
     Args:
         actor: the policy.
@@ -65,10 +66,9 @@ class PPOUpdate:
         self.gae = GAE(gamma=settings.gamma, lmbda=settings.lmbda, value_network=critic)
         self.splitter = EpisodeSplitter()
         self.chunker = SequenceChunker(sequence_length=settings.sequence_length)
-        # each minibatch is used (forward and backward) before the next: one buffer per epoch
-        self.sampler = SequenceSampler(
-            settings.num_minibatches, generator=generator, reuse_memory=True
-        )
+        # padded once per update; each epoch's minibatches are drawn from the padded sequences
+        self.padder = SequencePadder()
+        self.sampler = SequenceSampler(settings.num_minibatches, generator=generator)
         self.loss = RecurrentPPOLoss(
             actor,
             critic,
@@ -111,12 +111,13 @@ class PPOUpdate:
                 f"num_minibatches={self.settings.num_minibatches} exceeds the {num_sequences} "
                 "sequences of this rollout; lower it or raise --rollout-steps/--num-workers"
             )
+        sequences = self.padder(data)
         self.loss.clip_epsilon.fill_(clip_epsilon)
         totals: dict[str, torch.Tensor] = {}
         count = 0
         self.loss.train()
         for _ in range(self.settings.epochs):
-            for batch in self.sampler(data):
+            for batch in self.sampler(sequences):
                 for name, value in self._step(batch).items():
                     totals[name] = totals[name] + value if name in totals else value
                 count += 1

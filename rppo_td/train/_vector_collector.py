@@ -14,8 +14,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import BaseCollector
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rppo_td.modules import observation_to_tensordict
-from rppo_td.modules._spaces import ObservationLeaf
+from rppo_td.modules import ObservationLeaf, observation_to_tensordict
 
 __all__ = ["EpisodeStats", "VectorCollector"]
 

@@ -181,6 +181,7 @@ class GAE(RolloutTransform):
             is_init_key=keys.is_init,
             time_dim=tensordict.batch_dims - 1,
             who="GAE",
+            current=missing_now,
         )
         if missing_now:
             tensordict.set(keys.state_value, value)
