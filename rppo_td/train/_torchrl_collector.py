@@ -165,7 +165,7 @@ class TorchRLCollector(BaseCollector):
         self.policy = policy
         self.num_workers = num_workers
         self.rollout_steps = rollout_steps
-        self.frames_per_batch = num_workers * rollout_steps
+        self.frames_per_batch = self.requested_frames_per_batch = num_workers * rollout_steps
         self.total_frames = -1
         self.batching = batching
         self.device = torch.device(device)

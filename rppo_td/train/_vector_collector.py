@@ -98,7 +98,7 @@ class VectorCollector(BaseCollector):
         self.policy = policy
         self.leaves = leaves
         self.num_envs = env.num_envs
-        self.frames_per_batch = frames_per_batch
+        self.frames_per_batch = self.requested_frames_per_batch = frames_per_batch
         self.rollout_steps = frames_per_batch // env.num_envs
         self.total_frames = total_frames
         self.device = torch.device(device)
