@@ -136,12 +136,45 @@ class _NetModule(TensorDictModuleBase):
         self.net = net
         self.state_keys = state_keys
         self.is_init_key = is_init_key
+        self.in_keys = [*net.observation_keys, is_init_key, *state_keys]
 
     def _state_out_keys(self) -> list[NestedKey]:
         return [("next", key) for key in self.state_keys]
 
 
-class RecurrentActor(_NetModule):
+class _ActingModule(_NetModule):
+    """A module that samples actions: the interaction type and writing the action.
+
+    Subclasses name the state keys they carry (``_state_keys_of``) and what they write
+    besides the action and its log-prob (``_outputs``).
+    """
+
+    _outputs: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        net: RecurrentActorCritic,
+        *,
+        default_interaction_type: InteractionType = InteractionType.DETERMINISTIC,
+        is_init_key: str = _IS_INIT,
+    ) -> None:
+        super().__init__(net, self._state_keys_of(_checked(net)), is_init_key)
+        self.default_interaction_type = InteractionType(default_interaction_type)
+        self.out_keys = ["action", "action_log_prob", *self._outputs, *self._state_out_keys()]
+
+    @staticmethod
+    def _state_keys_of(net: RecurrentActorCritic) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def _act(self, tensordict: TensorDictBase, dist: Any) -> None:
+        """Writes ``action`` (the mode or a sample) and its ``action_log_prob``."""
+        kind = interaction_type() or self.default_interaction_type
+        action = dist.mode if kind in _DETERMINISTIC else dist.sample()
+        tensordict.set("action", action)
+        tensordict.set("action_log_prob", dist.log_prob(action))
+
+
+class RecurrentActor(_ActingModule):
     """The policy half of a ``RecurrentActorCritic`` as a TorchRL probabilistic actor.
 
     Reads the observation leaves, ``is_init`` (``[*B, 1]`` bool) and the actor's state keys
@@ -172,17 +205,9 @@ class RecurrentActor(_NetModule):
         (torch.Size([3]), torch.Size([3]), torch.Size([3, 1, 8]))
     """
 
-    def __init__(
-        self,
-        net: RecurrentActorCritic,
-        *,
-        default_interaction_type: InteractionType = InteractionType.DETERMINISTIC,
-        is_init_key: str = _IS_INIT,
-    ) -> None:
-        super().__init__(net, _checked(net).actor_state_keys, is_init_key)
-        self.default_interaction_type = InteractionType(default_interaction_type)
-        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
-        self.out_keys = ["action", "action_log_prob", *self._state_out_keys()]
+    @staticmethod
+    def _state_keys_of(net: RecurrentActorCritic) -> tuple[str, ...]:
+        return net.actor_state_keys
 
     def _dist(self, tensordict: TensorDictBase) -> tuple[Any, _Inputs, tuple[torch.Tensor, ...]]:
         inputs = _Inputs(self, tensordict)
@@ -201,10 +226,7 @@ class RecurrentActor(_NetModule):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the out keys into ``tensordict`` and returns it."""
         dist, inputs, final = self._dist(tensordict)
-        kind = interaction_type() or self.default_interaction_type
-        action = dist.mode if kind in _DETERMINISTIC else dist.sample()
-        tensordict.set("action", action)
-        tensordict.set("action_log_prob", dist.log_prob(action))
+        self._act(tensordict, dist)
         inputs.write_state(tensordict, self.state_keys, final)
         return tensordict
 
@@ -223,7 +245,6 @@ class RecurrentCritic(_NetModule):
 
     def __init__(self, net: RecurrentActorCritic, *, is_init_key: str = _IS_INIT) -> None:
         super().__init__(net, _checked(net).critic_state_keys, is_init_key)
-        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
         self.out_keys = ["state_value", *self._state_out_keys()]
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
@@ -235,7 +256,7 @@ class RecurrentCritic(_NetModule):
         return tensordict
 
 
-class RecurrentPolicy(_NetModule):
+class RecurrentPolicy(_ActingModule):
     """Actor and critic of one ``RecurrentActorCritic`` in one module, for collectors.
 
     The same inputs and outputs as ``TensorDictSequential(RecurrentActor(net),
@@ -249,22 +270,11 @@ class RecurrentPolicy(_NetModule):
         is_init_key: the key of ``is_init``.
     """
 
-    def __init__(
-        self,
-        net: RecurrentActorCritic,
-        *,
-        default_interaction_type: InteractionType = InteractionType.DETERMINISTIC,
-        is_init_key: str = _IS_INIT,
-    ) -> None:
-        super().__init__(net, _checked(net).state_keys, is_init_key)
-        self.default_interaction_type = InteractionType(default_interaction_type)
-        self.in_keys = [*net.observation_keys, is_init_key, *self.state_keys]
-        self.out_keys = [
-            "action",
-            "action_log_prob",
-            "state_value",
-            *self._state_out_keys(),
-        ]
+    _outputs = ("state_value",)
+
+    @staticmethod
+    def _state_keys_of(net: RecurrentActorCritic) -> tuple[str, ...]:
+        return net.state_keys
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the out keys into ``tensordict`` and returns it."""
@@ -282,10 +292,7 @@ class RecurrentPolicy(_NetModule):
         value, critic_final = net.value(
             obs, tuple(state[key] for key in net.critic_state_keys), inputs.restart, normalized=True
         )
-        kind = interaction_type() or self.default_interaction_type
-        action = dist.mode if kind in _DETERMINISTIC else dist.sample()
-        tensordict.set("action", action)
-        tensordict.set("action_log_prob", dist.log_prob(action))
+        self._act(tensordict, dist)
         tensordict.set("state_value", value.reshape(*inputs.batch, 1))
         final = dict(zip(net.actor_state_keys, actor_final, strict=True))
         final.update(zip(net.critic_state_keys, critic_final, strict=True))

@@ -17,6 +17,7 @@ from rppo_td.modules import (
     RecurrentActor,
     RecurrentActorCritic,
     RecurrentCritic,
+    RecurrentPolicy,
     observation_leaves,
     observation_to_tensordict,
     recurrent_state_primer,
@@ -266,3 +267,20 @@ def test_observation_normalizer_running_statistics():
     torch.testing.assert_close(out["observation", "0"].mean(0), torch.zeros(3), atol=1e-4, rtol=0)
     assert out["observation", "1"] is td["observation", "1"]
     assert td["observation", "0"].dtype == torch.float32  # input left as it was
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_policy_equals_actor_then_critic(shared):
+    net = RecurrentActorCritic(BOX, ACTIONS["box"], hidden_size=8, shared_critic=shared)
+    td = _batch(BOX, (2, 3))  # any batch shape
+    td.set("is_init", torch.tensor([[True, False, False], [False, True, False]]).unsqueeze(-1))
+    for key in net.state_keys:
+        td.set(key, torch.randn(2, 3, *net.state_shape))
+    fused = RecurrentPolicy(net)
+    assert set(fused.in_keys) == set(RecurrentActor(net).in_keys + RecurrentCritic(net).in_keys)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        one = fused(td.clone())
+        two = TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))(td.clone())
+    assert set(one.keys(True, True)) == set(two.keys(True, True))
+    for key in one.keys(True, True):
+        torch.testing.assert_close(one[key], two[key])
