@@ -13,6 +13,7 @@ from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
+from rppo_td._distributed import all_reduce, check_process_group, resolve_group
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import get_key
 from rppo_td.functional import masked_mean, masked_normalize
@@ -55,6 +56,28 @@ class RecurrentPPOLoss(ClipPPOLoss):
       ``[W, T]`` rollout: call ``loss.value_estimator(rollout)`` before the pipeline, or the
       loss on an unpadded rollout; the estimator refuses padded sequences.
 
+    **Across ranks** (``process_group``; off by default). With data-parallel training
+    (``DistributedDataParallel``, or any gradient all-reduce that *averages* over ranks, as DDP
+    does) the means above are per rank, so the averaged gradient weights every rank alike, not
+    every real step. With ``process_group`` set and more than one process in it, each call
+    all-reduces (sums) the real-step count over the group and, with ``normalize_advantage``,
+    the advantage's mean and deviation, so that
+
+    - every loss term of a rank is ``(its sum over its real steps) / C * world_size``, ``C``
+      the count of real steps on all ranks: the ranks' loss values *average* to the loss on
+      the union of their minibatches, and their gradients, once DDP averages them, equal the
+      gradient of one process on that union (``tests/integration/test_distributed_loss.py``);
+    - the advantage is standardised with the union's mean and population deviation.
+
+    The diagnostics are then the union's too (``clip_fraction``, ``kl_approx``, ``entropy``,
+    ``ESS``, ``mean_ratio``, ``max_ratio``, ``value_clip_fraction``, ``explained_variance``;
+    the same value on every rank). Per rank stay: ``reduction="sum"``/``"none"`` (nothing is
+    divided) and TorchRL's ``advantage_norm`` normaliser. Each call then holds 3 (4 with
+    ``normalize_advantage``) small all-reduces: every rank of the group must call the loss
+    the same number of times (the sampler's equal minibatch counts see to that). The
+    advantage statistics are treated as constants (an ``advantage`` that requires grad is not
+    differentiated through them).
+
     Inputs: ``[B, Lp]`` (or ``[W, T]``) with the actor's and critic's inputs,
     ``action``, ``action_log_prob`` ``[B, Lp]``, ``advantage`` and ``value_target``
     ``[B, Lp, 1]``, ``loss_mask`` ``[B, Lp]`` bool, and ``state_value`` ``[B, Lp, 1]`` with
@@ -73,6 +96,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``clip_epsilon``); ``None``: no value clipping.
         loss_mask_key: the mask's key.
         normalize_advantage_eps: added to the deviation when normalising the advantage.
+        process_group: reduce over ranks (see above): None (default) reduces nothing;
+            ``"default"`` is ``torch.distributed``'s default group, read at each call (one
+            process when none is initialised); or a ``torch.distributed.ProcessGroup``.
         **kwargs: any other keyword of ``ClipPPOLoss`` (``reduction``, ``separate_losses``,
             ``functional``, ``delay_actor``, ``advantage_norm``, ...), except
             ``normalize_advantage_exclude_dims``.
@@ -127,8 +153,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
         clip_value: bool | float | None = None,
         loss_mask_key: NestedKey = _DEFAULT.loss_mask,
         normalize_advantage_eps: float = 1e-8,
+        process_group: Any = None,
         **kwargs: Any,
     ) -> None:
+        check_process_group(process_group, "RecurrentPPOLoss")
         if kwargs.get("normalize_advantage_exclude_dims"):
             raise ValueError(
                 "RecurrentPPOLoss normalises the advantage over all real steps; "
@@ -151,6 +179,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 f"normalize_advantage_eps must be > 0, got {normalize_advantage_eps!r}"
             )
         self.normalize_advantage_eps = float(normalize_advantage_eps)
+        self.process_group = process_group
 
     # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
     @property
@@ -247,10 +276,20 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
             advantage = get_key(tensordict, keys.advantage)
         mask = self._mask(tensordict)
+        group, world_size = resolve_group(self.process_group)
         count = mask.sum()
+        # the loss terms' denominator; with a group, C / world_size for C real steps in all
+        denominator: torch.Tensor = count
+        if group is not None:
+            count = all_reduce(count, group)
+            denominator = count / world_size
         advantage = _where(mask, advantage, 0.0)
         if self.advantage_norm is not None:
             advantage = self._scale_advantage(advantage, tensordict, update=computed)
+        elif self.normalize_advantage and group is not None:
+            advantage = _normalize_over_group(
+                advantage, mask, count, group, self.normalize_advantage_eps
+            )
         elif self.normalize_advantage:
             advantage = masked_normalize(advantage, mask, eps=self.normalize_advantage_eps)
 
@@ -267,29 +306,34 @@ class RecurrentPPOLoss(ClipPPOLoss):
             clipped = clipped + log_is_weight
         gain = torch.minimum(behaviour.exp() * advantage, clipped.exp() * advantage)
         losses: dict[str, torch.Tensor] = {"loss_objective": -gain}
-        with torch.no_grad():
-            stats = {
-                "clip_fraction": _mean((clipped != behaviour).to(gain.dtype), mask, count),
-                "kl_approx": _mean(kl_approx, mask, count),
-            }
-            stats.update(_ratio_stats(behaviour, mask, count))
+        # per-step diagnostics, zero on padding: their means are sums over the count
+        sums: dict[str, torch.Tensor] = {
+            "clip_fraction": (clipped != behaviour).to(gain.dtype),
+            "kl_approx": kl_approx,
+        }
         if self.entropy_bonus:
             entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
             if is_tensor_collection(entropy):
                 entropy = sum(entropy.values(True, True))
             entropy = _where(mask, entropy, 0.0)
-            stats["entropy"] = entropy.detach().sum() / count
+            sums["entropy"] = entropy
             losses["loss_entropy"] = self._weighted_loss_entropy(entropy)
+        critic: _CriticParts | None = None
         if self._has_critic:
-            loss_critic, value_clip_fraction, explained_variance = self.loss_critic(tensordict)
-            losses["loss_critic"] = loss_critic
-            if value_clip_fraction is not None:
-                stats["value_clip_fraction"] = value_clip_fraction
-            if explained_variance is not None:
-                stats["explained_variance"] = explained_variance
+            losses["loss_critic"], critic = self._critic_loss(tensordict)
+        with torch.no_grad():
+            if group is None:
+                stats = {name: _mean(x, mask, count) for name, x in sums.items()}
+                stats.update(_ratio_stats(behaviour, mask, count))
+                if critic is not None:
+                    stats.update(critic.stats(self.log_explained_variance))
+            else:
+                stats = _group_stats(
+                    sums, behaviour, critic, mask, count, group, self.log_explained_variance
+                )
         # every term is zero on padding already: a mean is a sum over the real steps' count
         if self.reduction == "mean":
-            out = {name: x.sum() / count for name, x in losses.items()}
+            out = {name: x.sum() / denominator for name, x in losses.items()}
         else:
             out = {name: self._reduce_loss(x, tensordict).squeeze(-1) for name, x in losses.items()}
         td_out = TensorDict({**out, **stats}, batch_size=[])
@@ -312,6 +356,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``1 - Var(target - value) / Var(target)`` over real steps (``None`` if
             ``log_explained_variance`` is False), both 0-dim.
         """
+        loss, parts = self._critic_loss(tensordict)
+        stats = parts.stats(self.log_explained_variance)
+        return loss, stats.get("value_clip_fraction"), stats.get("explained_variance")
+
+    def _critic_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, _CriticParts]:
+        """``loss_critic``'s loss ``[B, Lp, 1]`` and what its diagnostics are computed from."""
         if self.separate_losses:
             tensordict = tensordict.detach()
         keys = self.tensor_keys
@@ -328,7 +378,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             value = get_key(self.critic_network(inputs), keys.value)
         target, value, old_value = self._critic_loss_inputs(target, value, old_value)
         loss = distance_loss(target, value, loss_function=self.loss_critic_type)
-        value_clip_fraction = None
+        was_clipped = None
         if old_value is not None:
             step = value - old_value
             clipped_step = step.clamp(-self.clip_value, self.clip_value)
@@ -336,18 +386,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 target, old_value + clipped_step, loss_function=self.loss_critic_type
             )
             loss = torch.maximum(loss, clipped_loss)
-            with torch.no_grad():
-                value_clip_fraction = masked_mean((step != clipped_step).to(loss.dtype), mask)
-        explained_variance = None
-        if self.log_explained_variance:
-            with torch.no_grad():
-                residual = _masked_variance(target - value, mask)
-                eps = torch.finfo(target.dtype).eps
-                explained_variance = 1.0 - residual / (_masked_variance(target, mask) + eps)
+            was_clipped = (step != clipped_step).detach().to(loss.dtype)
         loss = _where(mask, loss, 0.0)
         if self._has_critic:
             loss = self.critic_coeff * loss
-        return loss, value_clip_fraction, explained_variance
+        return loss, _CriticParts(mask, target.detach(), value.detach(), was_clipped)
 
     def _critic_parameters(self) -> contextlib.AbstractContextManager[object]:
         if not self.functional:
@@ -401,3 +444,94 @@ def _ratio_stats(
         "max_ratio": ratio.max(),
         "mean_ratio": ratio.sum() / count,
     }
+
+
+@dataclass
+class _CriticParts:
+    """What the critic's diagnostics are computed from (all detached).
+
+    ``mask`` ``[*B]`` bool; ``target`` and ``value`` ``[*B, 1]``; ``was_clipped`` ``[*B, 1]``
+    float (1 where ``clip_value`` clipped the value's step) or None without ``clip_value``.
+    """
+
+    mask: torch.Tensor
+    target: torch.Tensor
+    value: torch.Tensor
+    was_clipped: torch.Tensor | None
+
+    def stats(self, explained_variance: bool) -> dict[str, torch.Tensor]:
+        """``value_clip_fraction`` and ``explained_variance`` over this call's real steps."""
+        out: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            if self.was_clipped is not None:
+                out["value_clip_fraction"] = masked_mean(self.was_clipped, self.mask)
+            if explained_variance:
+                residual = _masked_variance(self.target - self.value, self.mask)
+                eps = torch.finfo(self.target.dtype).eps
+                total = _masked_variance(self.target, self.mask) + eps
+                out["explained_variance"] = 1.0 - residual / total
+        return out
+
+
+def _normalize_over_group(
+    advantage: torch.Tensor, mask: torch.Tensor, count: torch.Tensor, group: Any, eps: float
+) -> torch.Tensor:
+    """``masked_normalize`` with the mean and deviation of the real steps of every rank.
+
+    ``advantage`` ``[*B, 1]`` is zero on padding; ``count`` is the group's real steps.
+    """
+    per_step = advantage.numel() // max(mask.numel(), 1)  # the trailing dims the mask covers
+    total = (count * per_step).clamp(min=1)
+    mean = all_reduce(advantage.sum(), group) / total
+    centred = _where(mask, advantage - mean, 0.0)
+    std = (all_reduce(centred.square().sum(), group) / total).sqrt()
+    return centred / (std + eps)
+
+
+def _group_stats(
+    sums: dict[str, torch.Tensor],
+    log_weight: torch.Tensor,
+    critic: _CriticParts | None,
+    mask: torch.Tensor,
+    count: torch.Tensor,
+    group: Any,
+    explained_variance: bool,
+) -> dict[str, torch.Tensor]:
+    """The diagnostics over the real steps of every rank: one MAX and one SUM all-reduce.
+
+    ``sums`` maps a name to per-step values ``[*B]`` or ``[*B, 1]`` whose mean it reports;
+    ``log_weight`` is the log-ratio; ``count`` the group's real steps. Sums are float64.
+    """
+    dtype = log_weight.dtype
+    log_weight = _where(mask, log_weight, -torch.inf)
+    top = all_reduce(log_weight.max(), group, torch.distributed.ReduceOp.MAX)
+    parts = [_where(mask, x.double(), 0.0).sum() for x in sums.values()]
+    shifted = (log_weight - top).double().exp()  # 0 on padding
+    parts += [shifted.sum(), shifted.square().sum()]
+    clipped = critic is not None and critic.was_clipped is not None
+    if critic is not None and critic.was_clipped is not None:
+        parts.append(_where(mask, critic.was_clipped.double(), 0.0).sum())
+    if critic is not None and explained_variance:
+        residual = _where(mask, (critic.target - critic.value).double(), 0.0)
+        target = _where(mask, critic.target.double(), 0.0)
+        parts += [residual.sum(), residual.square().sum(), target.sum(), target.square().sum()]
+    totals = all_reduce(torch.stack(parts), group)
+    n = count.double()
+    means = totals / n
+    stats = {name: means[i].to(dtype) for i, name in enumerate(sums)}
+    k = len(sums)
+    first, second = totals[k], totals[k + 1]
+    stats["ESS"] = (first.square() / second / n).to(dtype)
+    stats["max_ratio"] = top.exp()
+    stats["mean_ratio"] = (top.double().exp() * first / n).to(dtype)
+    k += 2
+    if clipped:
+        stats["value_clip_fraction"] = means[k].to(dtype)
+        k += 1
+    if critic is not None and explained_variance:
+        r_mean, r_square, t_mean, t_square = means[k : k + 4]
+        residual_var = r_square - r_mean.square()
+        target_var = t_square - t_mean.square()
+        eps = torch.finfo(critic.target.dtype).eps
+        stats["explained_variance"] = (1.0 - residual_var / (target_var + eps)).to(dtype)
+    return stats

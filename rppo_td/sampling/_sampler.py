@@ -8,6 +8,7 @@ from typing import Literal
 import torch
 from tensordict import TensorDictBase
 
+from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
 from rppo_td._layout import SequenceLayout, gather_sequences
 from rppo_td._validation import (
@@ -81,7 +82,34 @@ class SequenceSampler:
     use it (forward and backward) or clone it before asking for the next one. A graph that still
     needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
 
-    Refused with a ``ValueError`` naming the key or argument: more minibatches than sequences;
+    **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
+
+    - *One rollout shared by all ranks, sharded* (``rank``/``world_size`` given, or both None
+      with the default process group initialised): each epoch draws one global plan of
+      ``num_minibatches * world_size`` groups, balanced by real steps as above, and rank ``r``
+      takes groups ``r, r + world_size, r + 2 * world_size, ...``: every sequence goes to
+      exactly one rank, and every rank yields exactly ``num_minibatches`` minibatches (unequal
+      counts would hang DDP's gradient all-reduce). The ranks agree only because they draw the
+      same plan: **every rank must hold an identically seeded ``generator``** (for
+      ``generator=None``, an identically seeded global generator), consumed identically; nothing
+      checks this. With the interleaved assignment, the ranks' ``k``-th minibatches together
+      are one contiguous stretch of the shuffled order: the ``k``-th minibatch a single process
+      draws from the same generator (exactly so while ``S / (M * world_size)`` exceeds the
+      longest sequence, when no cut is adjusted).
+    - *Each rank its own rollout* (DDP with its own envs per rank): pass ``rank=0,
+      world_size=1``, so each rank shuffles and splits all of its own data. Every rank yields
+      ``num_minibatches`` minibatches, so the counts agree whatever each rank's data holds;
+      the generators may then differ.
+
+    With ``rank``/``world_size`` None and no initialised process group the sampler is a single
+    process (``world_size=1``): exactly the minibatches of a sampler without sharding, for the
+    same generator state. The group is read at each call, so the sampler may be built before
+    ``init_process_group``. **Both None with a group initialised means the shared-rollout use:**
+    a rank that passes its own rollout that way silently trains on one ``world_size``-th of it.
+
+    Refused with a ``ValueError`` naming the key or argument: more minibatches than sequences
+    (``num_minibatches * world_size`` of them when sharded); only one of ``rank`` and
+    ``world_size`` given, ``world_size < 1`` or ``rank`` outside ``[0, world_size)``;
     padded input whose ``loss_mask`` has a row with no real step or is not a True prefix (read
     in the sync that plans the epoch); a rollout that is empty or already holds a key the
     gather writes (``worker_index``, ``time_index``, ``rollout_steps``; see
@@ -98,6 +126,9 @@ class SequenceSampler:
             ``SequencePadder(pad_to=pad_to)``'s output. Padded input must then already be
             ``[N, pad_to]`` (else a ``ValueError`` names ``pad_to``).
         keys: key overrides.
+        rank: this process's shard, in ``[0, world_size)``; with ``world_size``, or both None.
+        world_size: the number of shards ``>= 1``; None with ``rank`` None: the default
+            process group's size when it is initialised, else 1.
 
     Example:
         >>> import torch
@@ -118,9 +149,14 @@ class SequenceSampler:
         reuse_memory: bool = False,
         pad_to: int | None = None,
         keys: RolloutKeys | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         check_minibatch_args(num_minibatches, balance, generator)
         check_pad_to(pad_to)
+        check_shard_args(rank, world_size, "SequenceSampler")
+        self.rank = rank
+        self.world_size = world_size
         self.pad_to = pad_to
         self.num_minibatches = num_minibatches
         self.generator = generator
@@ -134,21 +170,38 @@ class SequenceSampler:
             return self._from_padded(td)
         return self._from_rollout(td)
 
+    def shard(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of the next epoch: as given, else the default group's.
+
+        Returns:
+            ``(0, 1)`` when neither was given and no process group is initialised.
+        """
+        return resolve_shard(self.rank, self.world_size)
+
     def _groups(
         self, lengths: torch.Tensor, require: list[tuple[torch.Tensor, str]] | None = None
     ) -> list[torch.Tensor]:
-        if self.num_minibatches > lengths.shape[0]:
+        rank, world_size = self.shard()
+        total = self.num_minibatches * world_size
+        if total > lengths.shape[0]:
+            if world_size == 1:
+                raise ValueError(
+                    f"num_minibatches={self.num_minibatches} exceeds the {lengths.shape[0]} "
+                    "sequences available"
+                )
             raise ValueError(
-                f"num_minibatches={self.num_minibatches} exceeds the {lengths.shape[0]} "
-                "sequences available"
+                f"num_minibatches={self.num_minibatches} x world_size={world_size} = {total} "
+                f"minibatches exceed the {lengths.shape[0]} sequences available (rank={rank}; "
+                "each rank takes num_minibatches of one shared plan)"
             )
-        return plan_minibatches(
+        groups = plan_minibatches(
             lengths,
-            self.num_minibatches,
+            total,
             generator=self.generator,
             balance=self.balance,
             require=require or (),
         )
+        return groups[rank::world_size]
 
     def _from_padded(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         if td.batch_dims != 2:

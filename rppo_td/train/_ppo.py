@@ -11,6 +11,7 @@ from torch import nn
 from rppo_td.modules import RecurrentActor, RecurrentCritic
 from rppo_td.objectives import RecurrentPPOLoss
 from rppo_td.sampling import SequenceSampler
+from rppo_td.train._distributed import average_gradients
 from rppo_td.transforms import GAE, EpisodeSplitter, SequenceChunker, SequencePadder
 
 __all__ = ["PPOSettings", "PPOUpdate"]
@@ -50,6 +51,8 @@ class PPOUpdate:
         optimizer: over the parameters of both.
         settings: the hyperparameters.
         generator: draws the minibatch order (part of the checkpointed RNG state).
+        world_size: ranks of a data-parallel run (torchrun); above 1 every gradient is
+            averaged over the ranks after each backward pass, before the norm is clipped.
     """
 
     def __init__(
@@ -60,8 +63,10 @@ class PPOUpdate:
         *,
         settings: PPOSettings,
         generator: torch.Generator,
+        world_size: int = 1,
     ) -> None:
         self.optimizer = optimizer
+        self.world_size = world_size
         self.settings = settings
         self.gae = GAE(gamma=settings.gamma, lmbda=settings.lmbda, value_network=critic)
         self.splitter = EpisodeSplitter()
@@ -129,6 +134,8 @@ class PPOUpdate:
         loss = sum(out[key] for key in out.keys() if key.startswith("loss_"))  # noqa: SIM118
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[union-attr]
+        if self.world_size > 1:
+            average_gradients(self.parameters, self.world_size)
         grad_norm = nn.utils.clip_grad_norm_(
             self.parameters, self.settings.max_grad_norm, foreach=True
         )

@@ -1,0 +1,105 @@
+"""torch.distributed helpers shared by the sampler's shards and the loss's reductions.
+
+Nothing here starts or joins a process group: ``torch.distributed`` (``torchrun``, or
+``init_process_group``) does that. The helpers read the default group when one is initialised
+and fall back to a single process (rank 0 of 1) otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "all_reduce",
+    "check_process_group",
+    "check_shard_args",
+    "group_world_size",
+    "resolve_group",
+    "resolve_shard",
+]
+
+
+def _is_initialized() -> bool:
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def check_shard_args(rank: object, world_size: object, owner: str) -> None:
+    """Refuses a ``rank``/``world_size`` pair that cannot name a shard (``ValueError``).
+
+    Both None (read from the default process group, or one process), or both ints with
+    ``world_size >= 1`` and ``0 <= rank < world_size``.
+    """
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"{owner} needs rank and world_size together (or neither, to read them from the "
+            f"default process group), got rank={rank!r}, world_size={world_size!r}"
+        )
+    if rank is None:
+        return
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{owner}: {name} must be an int, got {value!r}")
+    if not isinstance(rank, int) or not isinstance(world_size, int):  # checked above
+        return
+    if world_size < 1:
+        raise ValueError(f"{owner}: world_size must be >= 1, got world_size={world_size}")
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"{owner}: rank must be in [0, world_size) = [0, {world_size}), got rank={rank}"
+        )
+
+
+def resolve_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """``(rank, world_size)``: as given, else the default process group's, else ``(0, 1)``."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if _is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def check_process_group(process_group: object, owner: str) -> None:
+    """Refuses anything but None, ``"default"`` or a ``torch.distributed.ProcessGroup``."""
+    if process_group is None or process_group == "default":
+        return
+    if dist.is_available() and isinstance(process_group, dist.ProcessGroup):
+        return
+    raise ValueError(
+        f"{owner}: process_group must be None, 'default' or a torch.distributed.ProcessGroup, "
+        f"got {process_group!r}"
+    )
+
+
+def resolve_group(process_group: Any) -> tuple[Any, int]:
+    """``(group, world_size)`` to reduce over; ``(None, 1)``: nothing to reduce.
+
+    ``"default"`` is the default group when one is initialised (else one process); a
+    ``ProcessGroup`` is itself. A group of one process reduces nothing.
+    """
+    if process_group is None:
+        return None, 1
+    if isinstance(process_group, str):
+        if not _is_initialized():
+            return None, 1
+        group = dist.group.WORLD
+    else:
+        group = process_group
+    world_size = dist.get_world_size(group)
+    return (group, world_size) if world_size > 1 else (None, 1)
+
+
+def group_world_size(process_group: Any) -> int:
+    """The number of processes ``resolve_group`` reduces over (1: none)."""
+    return resolve_group(process_group)[1]
+
+
+def all_reduce(
+    tensor: torch.Tensor, group: Any, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+) -> torch.Tensor:
+    """The all-reduced value of ``tensor`` (detached; ``tensor`` itself is left as it is)."""
+    out = tensor.detach().clone()
+    dist.all_reduce(out, op=op, group=group)
+    return out

@@ -1,0 +1,115 @@
+"""Data-parallel runs under ``torchrun``: the ranks, the process group, gradient averaging.
+
+``torchrun --standalone --nproc-per-node N -m rppo_td.train ...`` starts ``N`` copies of the
+trainer with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address in their
+environment. Each rank collects from its own envs and averages its gradients with the others
+after every backward pass (what ``DistributedDataParallel`` does, as one flat all-reduce per
+step), so the parameters stay identical; rank 0 alone writes the run's files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["Ranks", "average_gradients", "parameters_in_sync", "start_group"]
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process in the run: ``rank`` of ``world_size``, ``local_rank`` on its node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes logs, checkpoints and ``summary.json``."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        """More than one rank."""
+        return self.world_size > 1
+
+    @classmethod
+    def from_environment(cls) -> Ranks:
+        """The ranks torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); one without.
+
+        Raises:
+            ValueError: values that are not integers, or a rank outside ``[0, WORLD_SIZE)``.
+        """
+        values = {}
+        for name, default in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)):
+            text = os.environ.get(name, str(default))
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {name}={text!r} is not an integer"
+                ) from None
+        rank, world_size = values["RANK"], values["WORLD_SIZE"]
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"RANK={rank} must be in [0, WORLD_SIZE={world_size})")
+        return cls(rank, world_size, values["LOCAL_RANK"])
+
+
+def start_group(ranks: Ranks, device: torch.device) -> torch.device:
+    """Joins the process group (``gloo`` on CPU, ``nccl`` on CUDA); returns this rank's device.
+
+    On CUDA each rank takes the GPU of its ``local_rank``. A no-op for a single rank or when
+    the group is already initialised.
+    """
+    if device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    if ranks.distributed and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def broadcast_module(module: nn.Module) -> None:
+    """Copies rank 0's parameters and buffers to every rank (the start of a run)."""
+    for tensor in module.state_dict().values():
+        dist.broadcast(tensor, src=0)
+
+
+def average_gradients(parameters: Iterable[nn.Parameter], world_size: int) -> None:
+    """Replaces every gradient by its mean over the ranks: one flat all-reduce.
+
+    A parameter without a gradient on this rank counts as a zero gradient, as in DDP with
+    ``find_unused_parameters``.
+    """
+    params = list(parameters)
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(g).clone()
+        offset += n
+
+
+def parameters_in_sync(module: nn.Module) -> bool:
+    """Whether every rank holds exactly rank 0's parameters (one broadcast and one reduce)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    differs = torch.tensor([0 if torch.equal(reference, flat) else 1], device=flat.device)
+    dist.all_reduce(differs)
+    return int(differs.item()) == 0
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if ``flag`` is True on any (a stop request seen by one rank)."""
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
