@@ -11,6 +11,8 @@ first use too, and ``register_envs()`` does so explicitly.
 ``make_env`` and ``make_vector_env`` check what an env returns and raise ``EnvError``
 (naming the env and the problem) instead of training on bad data, and show the env through
 the spaces the agent is built from (discrete spaces from 0, flat action vectors).
+``make_vector_env(env_id, W, processes=N)`` steps the same checked copies in ``N`` worker
+processes (TorchRL's ``ParallelEnv``, as a ``ProcessVectorEnv``), with the same results.
 """
 
 from rppo_td.envs._cartpole_novel import (
@@ -20,11 +22,12 @@ from rppo_td.envs._cartpole_novel import (
     register_envs,
 )
 from rppo_td.envs._checks import EnvError
-from rppo_td.envs._make import make_env, make_vector_env, resolve_env_id
+from rppo_td.envs._make import ProcessVectorEnv, make_env, make_vector_env, resolve_env_id
 
 __all__ = [
     "CARTPOLE_NOVEL_ID",
     "EnvError",
+    "ProcessVectorEnv",
     "VelocityMask",
     "make_cartpole_novel",
     "make_env",

@@ -170,6 +170,14 @@ class TrainConfig:
     )
     device: str = _doc("training device (cpu, cuda, ...)", default="cpu")
     threads: int = _doc("torch CPU threads (0 keeps torch's default)", default=1, low=0, high=4096)
+    env_processes: int = _doc(
+        "worker processes N that step the W envs through TorchRL's ParallelEnv (W/N envs "
+        "each; N must divide num_workers; --collector vector only); 0 keeps today's "
+        "in-process stepping. Same rollouts for the same seed; a resume restarts the envs",
+        default=0,
+        low=0,
+        high=100_000,
+    )
     collector: Literal["vector", "torchrl"] = _doc(
         "rollouts from a gymnasium SyncVectorEnv loop, or TorchRL's Collector", default="vector"
     )
@@ -216,6 +224,18 @@ class TrainConfig:
             raise ValueError(
                 f"total_steps={self.total_steps} is less than one rollout "
                 f"(num_workers * rollout_steps = {self.num_workers * self.rollout_steps})"
+            )
+        if self.env_processes > self.num_workers or (
+            self.env_processes and self.num_workers % self.env_processes
+        ):
+            raise ValueError(
+                f"env_processes={self.env_processes} must divide num_workers="
+                f"{self.num_workers} (each process steps num_workers / env_processes envs)"
+            )
+        if self.env_processes and self.collector != "vector":
+            raise ValueError(
+                f"env_processes={self.env_processes} needs collector='vector', got "
+                f"collector={self.collector!r}"
             )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
         if self.num_minibatches > fewest:

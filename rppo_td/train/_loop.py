@@ -202,7 +202,7 @@ class Trainer:
                 seed=c.seed,
                 device=self.device,
             )
-        env = make_vector_env(c.env, c.num_workers)
+        env = make_vector_env(c.env, c.num_workers, processes=c.env_processes)
         return VectorCollector(
             env,
             policy,
@@ -220,8 +220,12 @@ class Trainer:
         """
         if not self._envs_picklable:
             return None
+        envs = self.collector.env_copies()
+        if envs is None:  # envs in worker processes: nothing here to pickle
+            self._envs_picklable = False
+            return None
         try:
-            return pickle.dumps(self.collector.env_copies())
+            return pickle.dumps(envs)
         except Exception as err:  # any object can refuse to pickle in its own way
             log.warning(
                 "env %r cannot be pickled (%s: %s): checkpoints will hold no env state, and a "
@@ -236,7 +240,14 @@ class Trainer:
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         envs = None
         saves_envs = hasattr(self.collector, "env_copies")
-        if saves_envs:
+        if saves_envs and self.collector.env_copies() is None:
+            log.warning(
+                "env_processes=%d: the envs run in worker processes, which cannot hand their "
+                "sub-envs out to be saved, so the envs restart from a reset (the run continues, "
+                "but not exactly as an uninterrupted one would)",
+                self.config.env_processes,
+            )
+        elif saves_envs:
             envs = load_env_state(self.directory, checkpoint.get("env_state"))
             if envs is None:
                 log.warning(
@@ -327,7 +338,19 @@ class Trainer:
         }
 
     def release(self) -> None:
-        """Releases the output directory's lock (``run`` does when it returns or raises)."""
+        """Shuts the collector (and its env processes) down and releases the directory's lock.
+
+        ``run`` calls it when it returns or raises, ``__init__`` when building fails.
+        """
+        collector = getattr(self, "collector", None)
+        try:
+            if collector is not None and not getattr(self, "_collector_closed", False):
+                self._collector_closed = True
+                collector.shutdown()
+        finally:
+            self._release_lock()
+
+    def _release_lock(self) -> None:
         lock = getattr(self, "_lock", None)
         if lock is not None:
             lock.close()

@@ -46,7 +46,7 @@ class EpisodeStats:
 
 
 class VectorCollector(BaseCollector):
-    """TorchRL's collector interface over a ``SyncVectorEnv`` (``SAME_STEP`` autoreset).
+    """TorchRL's collector interface over a ``SAME_STEP`` vector env (in-process or not).
 
     Iterating yields ``[W, T]`` rollouts (``frames_per_batch = W * T``) with TorchRL's keys,
     built on ``device``: the observation leaves, ``is_init`` ``[W, T, 1]``, whatever the
@@ -63,8 +63,9 @@ class VectorCollector(BaseCollector):
     the first step, where every env starts an episode, the entering state is zero.
 
     Args:
-        env: a ``SyncVectorEnv`` built with ``AutoresetMode.SAME_STEP``
-            (``rppo_td.envs.make_vector_env``).
+        env: a vector env in ``AutoresetMode.SAME_STEP`` (``rppo_td.envs.make_vector_env``:
+            a ``SyncVectorEnv``, or with ``processes=N`` a ``ProcessVectorEnv`` stepping the
+            envs in ``N`` TorchRL worker processes; the same rollouts either way).
         policy: a TensorDict module (e.g. ``TensorDictSequential(RecurrentActor(net),
             RecurrentCritic(net))``) reading the observation leaves and ``is_init``.
         leaves: the observation leaves (``observation_leaves(env.single_observation_space)``).
@@ -184,7 +185,7 @@ class VectorCollector(BaseCollector):
     def shutdown(
         self, timeout: float | None = None, close_env: bool = True, raise_on_error: bool = True
     ) -> None:
-        """Closes the envs."""
+        """Closes the envs (and shuts down the worker processes of a ``ProcessVectorEnv``)."""
         if close_env:
             self.env.close()
 
@@ -201,7 +202,11 @@ class VectorCollector(BaseCollector):
         )
 
     def env_copies(self) -> list[gym.Env] | None:
-        """The sub-envs to pickle for an exact resume (None if the env has none)."""
+        """The sub-envs to pickle for an exact resume.
+
+        None where the env has none here to hand out (a ``ProcessVectorEnv``: its sub-envs
+        live in the worker processes); a resume then restarts the envs.
+        """
         return getattr(self.env, "envs", None)
 
     def load_state_dict(

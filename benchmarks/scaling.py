@@ -1,0 +1,150 @@
+"""Multi-process collection: env steps/s for 0/1/2 env processes, and where the time goes.
+
+Candidates, timed interleaved in one run (``_common.time_interleaved``, medians), each one
+whole ``[W, T]`` rollout of the trainer's ``VectorCollector`` and LSTM agent
+(``build_agent(TrainConfig())``):
+
+- ``rollout N=0``: in-process ``SyncVectorEnv`` (``make_vector_env(env, W)``).
+- ``rollout N=1`` / ``N=2``: ``make_vector_env(env, W, processes=N)``: TorchRL's
+  ``ParallelEnv`` of ``N`` workers, each stepping ``W / N`` checked envs.
+
+and the parts of the cost model, timed in the same loop:
+
+- ``env N``: ``T`` steps of the same vector env with fixed actions, no policy.
+- ``async W procs``: gymnasium's ``AsyncVectorEnv`` (one process per env, ``SAME_STEP``),
+  the other library candidate, env stepping only.
+- ``policy``: ``T`` forwards of ``RecurrentPolicy`` on a ``[W]`` batch.
+- ``update``: one PPO update (``PPOUpdate``) of a rollout, the trainer's settings.
+
+Cost model per update: ``t(N) = t_policy + t_update + t_ipc + t_env(0) / N`` with ``t_ipc``
+the per-rollout cost of crossing processes, fitted as ``t_env(1) - t_env(0)`` (one worker
+does the in-process work plus the round trips). Predicted steps/s for ``N`` free cores is
+``W * T / t(N)``; on this machine (2 cores shared by the trainer and its workers) the measured
+``N=2`` figure is below the prediction.
+
+    python benchmarks/scaling.py [--workers 16] [--steps 32] [--repeats 9] [--output NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import gymnasium as gym
+import numpy as np
+import torch
+from _common import format_seconds, print_table, time_interleaved, write_json
+
+from rppo_td.envs import make_env, make_vector_env, resolve_env_id
+from rppo_td.modules import RecurrentPolicy
+from rppo_td.train import TrainConfig, Trainer
+from rppo_td.train._vector_collector import VectorCollector
+
+
+def _stepper(env: gym.vector.VectorEnv, steps: int):
+    env.reset(seed=0)
+    actions = np.stack([env.single_action_space.sample() for _ in range(env.num_envs)])
+
+    def run() -> None:
+        for _ in range(steps):
+            env.step(actions)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--output", default="scaling")
+    args = parser.parse_args()
+    w, t = args.workers, args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        config = TrainConfig(
+            num_workers=w, rollout_steps=t, total_steps=w * t * 10, output=tmp, overwrite=True
+        )
+        trainer = Trainer(config)
+        torch.set_num_threads(config.threads)
+        net, name = trainer.agent, resolve_env_id(config.env)
+        envs = {n: make_vector_env(name, w, processes=n) for n in (0, 1, 2)}
+        collectors = {
+            n: VectorCollector(
+                make_vector_env(name, w, processes=n),
+                RecurrentPolicy(net),
+                leaves=net.leaves,
+                frames_per_batch=w * t,
+                seed=0,
+            )
+            for n in (0, 1, 2)
+        }
+        async_env = gym.vector.AsyncVectorEnv(
+            [lambda: make_env(name)] * w, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+        rollout = collectors[0].rollout()
+        policy = RecurrentPolicy(net)
+        carry = rollout[:, 0].exclude("next")
+
+        def forward() -> None:
+            with torch.no_grad():
+                for _ in range(t):
+                    policy(carry.clone(False))
+
+        def update() -> None:
+            trainer.ppo(rollout, clip_epsilon=0.2)
+
+        candidates = {f"rollout N={n}": collectors[n].rollout for n in (0, 1, 2)}
+        candidates |= {f"env N={n}": _stepper(envs[n], t) for n in (0, 1, 2)}
+        candidates[f"async {w} procs"] = _stepper(async_env, t)
+        candidates["policy"] = forward
+        candidates["update"] = update
+        load_before = os.getloadavg()
+        times = time_interleaved(candidates, repeats=args.repeats)
+        load_after = os.getloadavg()
+        for collector in collectors.values():
+            collector.shutdown()
+        for env in envs.values():
+            env.close()
+        async_env.close()
+        trainer.release()
+    med = {k: v["median"] for k, v in times.items()}
+    frames = w * t
+    t_ipc = max(med["env N=1"] - med["env N=0"], 0.0)
+    fixed = med["policy"] + med["update"]
+    predicted = {
+        n: frames / (fixed + t_ipc + med["env N=0"] / n) if n else frames / (fixed + med["env N=0"])
+        for n in (0, 1, 2, 4, 8, 16)
+    }
+    measured = {n: frames / (med[f"rollout N={n}"] + med["update"]) for n in (0, 1, 2)}
+    rows = [
+        [name, format_seconds(s), f"{frames / s:,.0f}", f"{med['rollout N=0'] / s:.2f}"]
+        for name, s in med.items()
+    ]
+    print(f"W={w} T={t}, {os.cpu_count()} cores, load {load_before} -> {load_after}")
+    print_table(["candidate", "median", "steps/s", "rollout N=0 / this"], rows)
+    print("train steps/s (rollout + update):", {n: round(v) for n, v in measured.items()})
+    print("predicted on N free cores:", {n: round(v) for n, v in predicted.items()})
+    path = write_json(
+        args.output,
+        {
+            "workers": w,
+            "steps": t,
+            "repeats": args.repeats,
+            "load": [load_before, load_after],
+            "times": times,
+            "cost_model_s": {
+                "env_in_process": med["env N=0"],
+                "ipc_per_rollout": t_ipc,
+                "policy": med["policy"],
+                "update": med["update"],
+            },
+            "measured_train_steps_per_s": measured,
+            "predicted_train_steps_per_s": predicted,
+        },
+    )
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

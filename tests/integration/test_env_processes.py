@@ -1,0 +1,167 @@
+"""``env_processes``: the W envs stepped in TorchRL worker processes, same rollouts as in-process.
+
+Each test starts worker processes (spawned, a few seconds each), so the suite is kept to the
+cases the feature promises: identical rollouts, settings checked, a worker's fault surfaces
+as ``EnvError``, a Ctrl-C leaves no process behind, and a resume says it restarts the envs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, ProcessVectorEnv, make_vector_env
+from rppo_td.modules import RecurrentActorCritic, RecurrentPolicy
+from rppo_td.train import TrainConfig, Trainer
+from rppo_td.train._setup import env_spaces
+from rppo_td.train._vector_collector import VectorCollector
+from tests.integration.fault_envs import FAIL_AT_STEP
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAKY = "tests.integration.fault_envs:rppo_td_fault/Flaky-v0"
+W, T = 4, 60  # T long enough for episodes to end inside the rollout
+
+
+def _rollout(processes: int) -> torch.Tensor:
+    torch.manual_seed(0)
+    net = RecurrentActorCritic(*env_spaces(CARTPOLE_NOVEL_ID), hidden_size=8)
+    env = make_vector_env(CARTPOLE_NOVEL_ID, W, processes=processes)
+    collector = VectorCollector(
+        env, RecurrentPolicy(net), leaves=net.leaves, frames_per_batch=W * T, seed=3
+    )
+    try:
+        torch.manual_seed(1)  # the same action samples on both sides
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            return collector.rollout()
+    finally:
+        collector.shutdown()
+
+
+def test_two_processes_give_the_in_process_rollout():
+    inside, outside = _rollout(0), _rollout(2)
+    assert bool(inside["next", "done"].any()), "no episode ended: the test proves less"
+    keys = sorted(inside.keys(True, True), key=str)
+    assert keys == sorted(outside.keys(True, True), key=str)
+    for key in keys:  # observations, rewards, flags, recurrent states, actions: bit for bit
+        torch.testing.assert_close(outside.get(key), inside.get(key), rtol=0, atol=0, msg=str(key))
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"num_workers": 4, "env_processes": 3}, ["env_processes=3", "num_workers=4"]),
+        ({"num_workers": 4, "env_processes": 8}, ["env_processes=8", "num_workers=4"]),
+        ({"env_processes": 2, "collector": "torchrl"}, ["env_processes=2", "torchrl"]),
+    ],
+)
+def test_settings_are_checked(settings, words):
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**settings)
+    assert all(word in str(err.value) for word in words), err.value
+    with pytest.raises(ValueError, match="must divide"):
+        make_vector_env(CARTPOLE_NOVEL_ID, 4, processes=3)
+
+
+def test_a_fault_in_a_worker_is_the_env_error(monkeypatch):
+    monkeypatch.setenv(FAIL_AT_STEP, "5")  # the spawned workers inherit it
+    env = make_vector_env(FLAKY, 2, processes=2)
+    assert isinstance(env, ProcessVectorEnv)
+    env.reset(seed=0)
+    start = time.monotonic()
+    with pytest.raises(EnvError) as err:
+        for _ in range(10):
+            env.step(env.action_space.sample())
+    assert time.monotonic() - start < 15, "the fault took too long to surface"
+    message = str(err.value)
+    assert "rppo_td_fault/Flaky-v0" in message and "ZeroDivisionError" in message, message
+    assert "\n" not in message
+    assert env.closed  # the workers were shut down
+    env.close()
+
+
+def _children(pid: int) -> set[int]:
+    """Pids whose parent is ``pid`` (read from /proc)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.add(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_ctrl_c_stops_the_run_and_its_workers(tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "rppo_td.train", "--preset", "smoke", "--env-processes"]
+    command += ["2", "--output", str(out), "--overwrite", "--total-steps", "100000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 40
+        workers: set[int] = set()
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers |= _children(proc.pid)
+            if (out / "metrics.csv").exists() and len(workers) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+        assert len(workers) >= 2, "the worker processes never showed up"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not [pid for pid in workers if _alive(pid)], "worker processes left behind"
+
+
+def test_resume_restarts_the_envs_and_says_why(tmp_path, caplog):
+    settings = {
+        "total_steps": 256,
+        "num_workers": 4,
+        "rollout_steps": 16,
+        "sequence_length": 8,
+        "hidden_size": 8,
+        "epochs": 1,
+        "num_minibatches": 2,
+        "checkpoint_every": 1,
+        "eval_episodes": 0,
+        "progress": False,
+        "env_processes": 2,
+        "output": str(tmp_path / "run"),
+    }
+    Trainer(TrainConfig(**settings)).run(stop_after_updates=1)
+    assert not list((tmp_path / "run").glob("envs-*.pkl"))  # nothing to pickle
+    caplog.set_level(logging.WARNING, logger="rppo_td.train._loop")
+    config = TrainConfig(**{**settings, "resume": settings["output"]})
+    summary = Trainer(config, given={"resume": settings["output"]}).run()
+    assert summary is not None and summary["updates"] == 4
+    warned = [r.getMessage() for r in caplog.records if "restart from a reset" in r.getMessage()]
+    assert len(warned) == 1 and "env_processes=2" in warned[0] and "worker processes" in warned[0]
