@@ -79,8 +79,9 @@ def _main(argv: list[str] | None) -> int:
         return 1
     try:
         summary = trainer.run()
+        trainer.leave_group()
     except KeyboardInterrupt:
-        if trainer.counters["update"] == trainer.config.num_updates:
+        if trainer.counters["update"] == trainer.num_updates:
             _error(
                 "interrupted during the final evaluation; the checkpoint of the last update "
                 f"is kept: --resume {trainer.directory} evaluates it"
@@ -94,7 +95,8 @@ def _main(argv: list[str] | None) -> int:
         return 1
     if summary is None:
         return 130
-    print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201 (final output)
+    if trainer.ranks.main:
+        print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201
     return 0
 
 

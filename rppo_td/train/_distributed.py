@@ -12,12 +12,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-__all__ = ["Ranks", "average_gradients", "parameters_in_sync", "start_group"]
+__all__ = [
+    "Ranks",
+    "any_rank",
+    "average_gradients",
+    "broadcast_module",
+    "gather_episodes",
+    "gather_ranks",
+    "leave_group",
+    "parameters_in_sync",
+    "start_group",
+]
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,12 @@ def start_group(ranks: Ranks, device: torch.device) -> torch.device:
     return device
 
 
+def leave_group() -> None:
+    """Destroys the default process group if there is one (the end of a run)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def broadcast_module(module: nn.Module) -> None:
     """Copies rank 0's parameters and buffers to every rank (the start of a run)."""
     for tensor in module.state_dict().values():
@@ -106,6 +124,34 @@ def parameters_in_sync(module: nn.Module) -> bool:
     differs = torch.tensor([0 if torch.equal(reference, flat) else 1], device=flat.device)
     dist.all_reduce(differs)
     return int(differs.item()) == 0
+
+
+def gather_ranks(td: TensorDictBase) -> TensorDictBase:
+    """Every rank's ``td`` (the same batch size and keys on each), concatenated along dim 0.
+
+    Rank order, so every rank gets the same result.
+    """
+    parts = []
+    for key in td.keys(True, True):
+        value = td.get(key).contiguous()
+        out = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, value)
+        parts.append((key, torch.cat(out)))
+    batch = [td.batch_size[0] * dist.get_world_size(), *td.batch_size[1:]]
+    gathered = TensorDict({}, batch_size=batch, device=td.device)
+    for key, value in parts:
+        gathered.set(key, value)
+    return gathered
+
+
+def gather_episodes(returns: list[float], lengths: list[int]) -> tuple[list[float], list[int]]:
+    """The episodes every rank finished, in rank order (the same lists on every rank)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (returns, lengths))
+    return (
+        [r for rank_returns, _ in everyone for r in rank_returns],
+        [n for _, rank_lengths in everyone for n in rank_lengths],
+    )
 
 
 def any_rank(flag: bool, device: torch.device) -> bool:

@@ -28,6 +28,16 @@ from rppo_td.train._checkpoint import (
     set_rng_state,
 )
 from rppo_td.train._config import TrainConfig
+from rppo_td.train._distributed import (
+    Ranks,
+    any_rank,
+    broadcast_module,
+    gather_episodes,
+    gather_ranks,
+    leave_group,
+    parameters_in_sync,
+    start_group,
+)
 from rppo_td.train._evaluate import evaluate_agent
 from rppo_td.train._outputs import (
     MetricsLog,
@@ -101,11 +111,13 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
         self._lock = None
+        # under torchrun: this process's rank; rank 0 alone owns the output directory
+        self.ranks = Ranks.from_environment()
         checkpoint = None
         if config.resume:
             run_directory = checkpoint_file(config.resume).parent
             # lock first: a run still writing there must not be read halfway
-            if run_directory.is_dir():
+            if run_directory.is_dir() and self.ranks.main:
                 self._lock = lock_run_directory(run_directory)
             try:
                 checkpoint, config = _resumed_config(config, given, run_directory)
@@ -114,18 +126,19 @@ class Trainer:
                 raise
         self.config = config
         try:
-            self.device = _check_device(config.device)
+            self.device = start_group(self.ranks, _check_device(config.device))
             self.directory = config.output_dir()
-            lock = prepare_run_directory(
-                self.directory,
-                resuming=checkpoint is not None,
-                overwrite=config.overwrite,
-                keep=None
-                if checkpoint is None
-                else (checkpoint.get("env_state") or {}).get("file"),
-                lock=self._lock is None,
-            )
-            self._lock = self._lock or lock
+            if self.ranks.main:
+                lock = prepare_run_directory(
+                    self.directory,
+                    resuming=checkpoint is not None,
+                    overwrite=config.overwrite,
+                    keep=None
+                    if checkpoint is None
+                    else (checkpoint.get("env_state") or {}).get("file"),
+                    lock=self._lock is None,
+                )
+                self._lock = self._lock or lock
             self._build(config, checkpoint)
         except BaseException:
             self.release()
@@ -144,6 +157,20 @@ class Trainer:
                 f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
                 f"does not fit in memory on {self.device}: {str(err).splitlines()[0][:160]}"
             ) from None
+        if self.ranks.distributed:
+            broadcast_module(self.agent)  # every rank starts from rank 0's parameters
+            # ... and samples its own actions from its own envs (env i of rank r: seed + r W + i)
+            torch.manual_seed(config.seed + self.ranks.rank)
+        self._env_seed = config.seed + self.ranks.rank * config.num_workers
+        # total_steps is the run's budget, all ranks together
+        per_update = config.steps_per_update * self.ranks.world_size
+        self.num_updates = config.total_steps // per_update
+        if self.num_updates < 1:
+            raise ValueError(
+                f"total_steps={config.total_steps} is less than one update of the "
+                f"{self.ranks.world_size} ranks (num_workers * rollout_steps * ranks = "
+                f"{per_update})"
+            )
         self.actor = RecurrentActor(self.agent)
         self.critic = RecurrentCritic(self.agent)
         self.optimizer = torch.optim.Adam(
@@ -160,6 +187,7 @@ class Trainer:
             self.critic,
             self.optimizer,
             generator=self.generator,
+            world_size=self.ranks.world_size,
             settings=PPOSettings(
                 gamma=config.gamma,
                 lmbda=config.lmbda,
@@ -199,7 +227,7 @@ class Trainer:
                 policy,
                 num_workers=c.num_workers,
                 rollout_steps=c.rollout_steps,
-                seed=c.seed,
+                seed=self._env_seed,
                 device=self.device,
             )
         env = make_vector_env(c.env, c.num_workers, processes=c.env_processes)
@@ -208,7 +236,7 @@ class Trainer:
             policy,
             leaves=self.agent.leaves,
             frames_per_batch=c.steps_per_update,
-            seed=c.seed,
+            seed=self._env_seed,
             device=self.device,
         )
 
@@ -240,7 +268,14 @@ class Trainer:
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         envs = None
         saves_envs = hasattr(self.collector, "env_copies")
-        if saves_envs and self.collector.env_copies() is None:
+        if saves_envs and not self.ranks.main:
+            # the saved env copies are rank 0's; the other ranks' were never saved
+            log.warning(
+                "rank %d: only rank 0's envs are checkpointed; this rank's envs restart from "
+                "a reset (the run continues, but not exactly as an uninterrupted one would)",
+                self.ranks.rank,
+            )
+        elif saves_envs and self.collector.env_copies() is None:
             log.warning(
                 "env_processes=%d: the envs run in worker processes, which cannot hand their "
                 "sub-envs out to be saved, so the envs restart from a reset (the run continues, "
@@ -258,6 +293,10 @@ class Trainer:
             self.agent.load_state_dict(checkpoint["model"])
             self.optimizer.load_state_dict(checkpoint["optimizer"])
             set_rng_state(checkpoint["rng"], self.generator)
+            if not self.ranks.main:  # rank 0's RNG state was saved: the others draw anew
+                torch.manual_seed(
+                    self.config.seed + self.ranks.rank + checkpoint["counters"]["update"]
+                )
             if saves_envs:
                 state = _upgrade_collector_state(checkpoint["collector"], self.agent)
                 self.collector.load_state_dict(state, envs)
@@ -297,7 +336,7 @@ class Trainer:
 
     def _schedule(self, update: int) -> tuple[float, float]:
         c = self.config
-        remaining = 1.0 - update / c.num_updates
+        remaining = 1.0 - update / self.num_updates
         lr = c.learning_rate * (remaining if c.anneal_lr else 1.0)
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
         return lr, max(clip, 1e-3)
@@ -312,12 +351,16 @@ class Trainer:
         stats = self.ppo(rollout, clip_epsilon=clip)
         frozen = 0 < self.config.normalizer_steps <= self.counters["env_steps"]
         if self.agent.normalizer is not None and not frozen:
-            self.agent.normalizer.update(rollout.select(*self.agent.observation_keys))
+            obs = rollout.select(*self.agent.observation_keys)
+            # every rank's statistics from every rank's observations: they stay identical
+            self.agent.normalizer.update(gather_ranks(obs) if self.ranks.distributed else obs)
         elapsed = time.perf_counter() - start
         returns, lengths = self.collector.episodes.pop()
+        if self.ranks.distributed:
+            returns, lengths = gather_episodes(returns, lengths)
         self.recent.extend(returns)
         self.recent_lengths.extend(lengths)
-        steps = self.config.steps_per_update
+        steps = self.config.steps_per_update * self.ranks.world_size
         self.counters["update"] = update + 1
         self.counters["env_steps"] += steps
         self.counters["wall_time_s"] += elapsed
@@ -371,7 +414,7 @@ class Trainer:
             stop_after_updates: stop (as on SIGTERM) once this many updates are done; for
                 tests of ``--resume``.
         """
-        if self._lock is None and fcntl_available():
+        if self._lock is None and fcntl_available() and self.ranks.main:
             self._lock = lock_run_directory(self.directory)
         try:
             return self._run(stop_after_updates)
@@ -383,30 +426,36 @@ class Trainer:
         resume_from = None
         if self.resumed:
             resume_from = (self.counters["update"], self.counters["env_steps"])
-        metrics = MetricsLog(self.directory, resume_from=resume_from)
+        main = self.ranks.main
+        metrics = MetricsLog(self.directory, resume_from=resume_from) if main else None
+        per_update = c.steps_per_update * self.ranks.world_size
         bar = tqdm(
-            total=c.num_updates * c.steps_per_update,
+            total=self.num_updates * per_update,
             initial=self.counters["env_steps"],
             unit="step",
-            disable=not c.progress,
+            disable=not (c.progress and main),
             dynamic_ncols=True,
         )
         stopped = False
         saved_update = self.counters["update"]
         try:
             with _StopFlag() as stop:
-                while self.counters["update"] < c.num_updates:
+                while self.counters["update"] < self.num_updates:
                     row = self._one_update()
-                    metrics.write(row)
-                    bar.update(c.steps_per_update)
+                    if metrics is not None:
+                        metrics.write(row)
+                    bar.update(per_update)
                     bar.set_postfix(
                         fps=f"{row['fps']:.0f}", ret=f"{row['episode_return_mean']:.1f}"
                     )
                     done = self.counters["update"]
                     stopped = stop.requested or done == stop_after_updates
-                    if stopped or done % c.checkpoint_every == 0 or done == c.num_updates:
+                    if self.ranks.distributed:  # all ranks stop after the same update
+                        stopped = any_rank(stopped, self.device)
+                    if stopped or done % c.checkpoint_every == 0 or done == self.num_updates:
                         stop.saving = True
-                        self.save()
+                        if main:
+                            self.save()
                         saved_update = done
                         stop.saved()
                     if stopped:
@@ -429,8 +478,9 @@ class Trainer:
             raise
         finally:
             bar.close()
-            metrics.close()
-            _plot(self.directory, title=f"{c.env} ({c.recurrence})")
+            if metrics is not None:
+                metrics.close()
+                _plot(self.directory, title=f"{c.env} ({c.recurrence})")
         if stopped:
             log.info(
                 "stopped at update %d; continue with --resume %s",
@@ -440,14 +490,24 @@ class Trainer:
             return None
         return self.finish()
 
+    def leave_group(self) -> None:
+        """Leaves the torchrun process group, if this run joined one (after ``run``)."""
+        if self.ranks.distributed:
+            leave_group()
+
     def finish(self) -> dict[str, Any]:
-        """Deterministic evaluation; writes and returns ``summary.json``'s content."""
+        """Deterministic evaluation; writes (rank 0) and returns ``summary.json``'s content.
+
+        In a data-parallel run every rank first checks that all hold the same parameters
+        (``ranks_in_sync``); rank 0 alone evaluates and writes.
+        """
         c = self.config
+        in_sync = parameters_in_sync(self.agent) if self.ranks.distributed else True
         evaluation = (
             evaluate_agent(
                 self.agent.cpu(), c.env, episodes=max(c.eval_episodes, 1), seed=c.seed + 10_000
             )
-            if c.eval_episodes
+            if c.eval_episodes and self.ranks.main
             else {}
         )
         self.agent.to(self.device)
@@ -462,9 +522,12 @@ class Trainer:
             "updates": self.counters["update"],
             "eval_returns": evaluation.get("eval_returns", []),
             "eval_wall_time_s": evaluation.get("eval_wall_time_s", 0.0),
+            "world_size": self.ranks.world_size,
+            "ranks_in_sync": in_sync,
             "config": c.to_dict(),
         }
-        write_json_atomic(self.directory / "summary.json", summary)
+        if self.ranks.main:
+            write_json_atomic(self.directory / "summary.json", summary)
         return summary
 
 

@@ -73,7 +73,10 @@ class PPOUpdate:
         self.chunker = SequenceChunker(sequence_length=settings.sequence_length)
         # padded once per update; each epoch's minibatches are drawn from the padded sequences
         self.padder = SequencePadder()
-        self.sampler = SequenceSampler(settings.num_minibatches, generator=generator)
+        # every rank samples its own rollout: no sharding, and the same minibatch count
+        self.sampler = SequenceSampler(
+            settings.num_minibatches, generator=generator, rank=0, world_size=1
+        )
         self.loss = RecurrentPPOLoss(
             actor,
             critic,
@@ -83,6 +86,8 @@ class PPOUpdate:
             normalize_advantage=settings.normalize_advantage,
             normalize_advantage_eps=settings.advantage_eps,
             functional=False,
+            # the real-step counts and advantage statistics of all ranks together
+            process_group="default" if world_size > 1 else None,
         )
         self.parameters = [
             p for p in {id(p): p for p in self.loss.parameters()}.values() if p.requires_grad
