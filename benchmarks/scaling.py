@@ -22,14 +22,22 @@ does the in-process work plus the round trips). Predicted steps/s for ``N`` free
 ``W * T / t(N)``; on this machine (2 cores shared by the trainer and its workers) the measured
 ``N=2`` figure is below the prediction.
 
+Then ``torchrun`` runs of 1 and 2 learner ranks (``learner_ranks``): env steps per second of
+the whole run, each rank with its own ``W`` envs. On 2 cores two ranks share the cores, so this
+shows the cost of the all-reduces rather than a speed-up.
+
     python benchmarks/scaling.py [--workers 16] [--steps 32] [--repeats 9] [--output NAME]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -53,12 +61,36 @@ def _stepper(env: gym.vector.VectorEnv, steps: int):
     return run
 
 
+def learner_ranks(workers: int, steps: int, updates: int) -> dict[int, dict[str, float]]:
+    """Env steps per second of ``torchrun`` runs of 1 and 2 learner ranks (gloo, this machine).
+
+    Each rank has its own ``workers`` envs; ``total_steps`` gives every run ``updates`` updates.
+    The figure is the run's ``summary.json`` ``fps``: env steps of all ranks over the training
+    time (collection and updates; start-up and evaluation excluded).
+    """
+    out: dict[int, dict[str, float]] = {}
+    for ranks in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            total = workers * steps * ranks * updates
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            command += ["--nproc-per-node", str(ranks), "-m", "rppo_td.train"]
+            command += ["--num-workers", str(workers), "--rollout-steps", str(steps)]
+            command += ["--total-steps", str(total), "--eval-episodes", "0", "--no-progress"]
+            command += ["--output", f"{tmp}/run"]
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            subprocess.run(command, check=True, capture_output=True, env=env, timeout=900)
+            summary = json.loads(Path(tmp, "run", "summary.json").read_text())
+            out[ranks] = {"fps": summary["fps"], "wall_time_s": summary["wall_time_s"]}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--output", default="scaling")
+    parser.add_argument("--rank-updates", type=int, default=20, help="updates per torchrun run")
     args = parser.parse_args()
     w, t = args.workers, args.steps
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,6 +157,11 @@ def main() -> None:
     print_table(["candidate", "median", "steps/s", "rollout N=0 / this"], rows)
     print("train steps/s (rollout + update):", {n: round(v) for n, v in measured.items()})
     print("predicted on N free cores:", {n: round(v) for n, v in predicted.items()})
+    ranks = learner_ranks(w, t, args.rank_updates)
+    print(
+        "learner ranks (torchrun, gloo; each rank its own envs): "
+        + ", ".join(f"{r}: {v['fps']:,.0f} steps/s" for r, v in ranks.items())
+    )
     path = write_json(
         args.output,
         {
@@ -141,6 +178,7 @@ def main() -> None:
             },
             "measured_train_steps_per_s": measured,
             "predicted_train_steps_per_s": predicted,
+            "learner_ranks_steps_per_s": {r: v["fps"] for r, v in ranks.items()},
         },
     )
     print(path)
