@@ -178,7 +178,7 @@ class VectorCollector(BaseCollector):
             {"reward": reward, "terminated": term, "truncated": trunc, "done": term | trunc},
             batch_size=shape[:2],
         )
-        rollout.get("next").update(flags.to(self.device, non_blocking=True))
+        rollout.get("next").update(self._to_device(flags))
         self._frames += self.frames_per_batch
         return rollout
 
@@ -230,8 +230,15 @@ class VectorCollector(BaseCollector):
 
     # ---- helpers ----------------------------------------------------------------------------
     def _obs(self, obs: Any) -> TensorDict:
-        td = observation_to_tensordict(obs, self.leaves, (self.num_envs,))
-        return td.to(self.device, non_blocking=True) if self.device.type != "cpu" else td
+        return self._to_device(observation_to_tensordict(obs, self.leaves, (self.num_envs,)))
+
+    def _to_device(self, td: TensorDict) -> TensorDict:
+        """``td`` on the device: a pinned host copy sent without blocking (as is on the CPU)."""
+        if self.device.type == "cpu":
+            return td
+        if self.device.type == "cuda":
+            td = td.pin_memory()
+        return td.to(self.device, non_blocking=True)
 
     def _final_obs(self, next_obs: TensorDict, info: dict, done: np.ndarray) -> TensorDict:
         """``next_obs`` with the final (pre-reset) observation where an episode ended."""
