@@ -22,7 +22,9 @@ from rppo_td.envs._cartpole_novel import (
     register_envs,
 )
 from rppo_td.envs._checks import EnvError
-from rppo_td.envs._make import ProcessVectorEnv, make_env, make_vector_env, resolve_env_id
+from rppo_td.envs._make import make_env, resolve_env_id
+from rppo_td.envs._make_vector import make_vector_env
+from rppo_td.envs._processes import ProcessVectorEnv
 
 __all__ = [
     "CARTPOLE_NOVEL_ID",

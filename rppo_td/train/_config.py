@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 # fields that may differ between a checkpoint and the run resuming it
 RUNTIME_FIELDS = frozenset(
-    {"output", "resume", "overwrite", "device", "progress", "log_level", "threads"}
+    {"output", "resume", "overwrite", "device", "progress", "log_level", "threads", "env_processes"}
 )
 
 

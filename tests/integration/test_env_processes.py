@@ -1,8 +1,9 @@
 """``env_processes``: the W envs stepped in TorchRL worker processes, same rollouts as in-process.
 
-Each test starts worker processes (spawned, a few seconds each), so the suite is kept to the
-cases the feature promises: identical rollouts, settings checked, a worker's fault surfaces
-as ``EnvError``, a Ctrl-C leaves no process behind, and a resume says it restarts the envs.
+Each start of worker processes costs seconds (they are spawned), so the suite starts three
+groups: one for identical rollouts, one for a worker's fault surfacing as ``EnvError``, and
+one in a trainer subprocess that resumes an in-process run (the envs restart, with a warning)
+and is stopped by Ctrl-C, leaving no process behind.
 """
 
 from __future__ import annotations
@@ -67,7 +68,10 @@ def test_settings_are_checked(settings, words):
     with pytest.raises(ValueError) as err:
         TrainConfig(**settings)
     assert all(word in str(err.value) for word in words), err.value
-    with pytest.raises(ValueError, match="must divide"):
+
+
+def test_processes_must_divide_the_envs():
+    with pytest.raises(ValueError, match="must divide"):  # before any worker starts
         make_vector_env(CARTPOLE_NOVEL_ID, 4, processes=3)
 
 
@@ -111,11 +115,43 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _rows(out: Path) -> int:
+    """Lines of the run's ``metrics.csv`` (0 before it exists)."""
+    try:
+        return len((out / "metrics.csv").read_text().splitlines())
+    except OSError:
+        return 0
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_ctrl_c_stops_the_run_and_its_workers(tmp_path):
+def test_resumes_across_env_processes_and_ctrl_c_stops_the_workers(tmp_path, caplog):
+    """0 -> 2 -> 0 env processes over two resumes; the middle run is a CLI run stopped by Ctrl-C.
+
+    One subprocess (one start of workers) checks both that a run checkpointed in-process
+    resumes in worker processes, saying the envs restart, and that Ctrl-C stops such a run
+    (exit 130, a checkpoint, no traceback) with its workers.
+    """
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "rppo_td.train", "--preset", "smoke", "--env-processes"]
-    command += ["2", "--output", str(out), "--overwrite", "--total-steps", "100000"]
+    settings = {
+        "total_steps": 100_000,  # the CLI run goes on until Ctrl-C
+        "num_workers": 4,
+        "rollout_steps": 16,
+        "sequence_length": 8,
+        "hidden_size": 8,
+        "epochs": 1,
+        "num_minibatches": 2,
+        "checkpoint_every": 1,
+        "eval_episodes": 0,
+        "progress": False,
+        "env_processes": 0,
+        "output": str(out),
+    }
+    Trainer(TrainConfig(**settings)).run(stop_after_updates=1)
+    assert [f.name for f in out.glob("envs-*.pkl")] == ["envs-00000001.pkl"]  # exact resume
+    rows = _rows(out)
+
+    command = [sys.executable, "-m", "rppo_td.train", "--resume", str(out)]
+    command += ["--env-processes", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -123,7 +159,7 @@ def test_ctrl_c_stops_the_run_and_its_workers(tmp_path):
         workers: set[int] = set()
         while time.monotonic() < deadline and proc.poll() is None:
             workers |= _children(proc.pid)
-            if (out / "metrics.csv").exists() and len(workers) >= 2:
+            if _rows(out) > rows and len(workers) >= 2:  # an update in the workers is done
                 break
             time.sleep(0.2)
         assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
@@ -136,32 +172,23 @@ def test_ctrl_c_stops_the_run_and_its_workers(tmp_path):
             proc.communicate()
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
+    warned = [line for line in err.splitlines() if "restart from a reset" in line]
+    assert len(warned) == 1, err[-2000:]
+    assert "env_processes=2" in warned[0] and "worker processes" in warned[0]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
         time.sleep(0.1)
     assert not [pid for pid in workers if _alive(pid)], "worker processes left behind"
+    assert not list(out.glob("envs-*.pkl"))  # workers hand no envs out to pickle
 
-
-def test_resume_restarts_the_envs_and_says_why(tmp_path, caplog):
-    settings = {
-        "total_steps": 256,
-        "num_workers": 4,
-        "rollout_steps": 16,
-        "sequence_length": 8,
-        "hidden_size": 8,
-        "epochs": 1,
-        "num_minibatches": 2,
-        "checkpoint_every": 1,
-        "eval_episodes": 0,
-        "progress": False,
-        "env_processes": 2,
-        "output": str(tmp_path / "run"),
-    }
-    Trainer(TrainConfig(**settings)).run(stop_after_updates=1)
-    assert not list((tmp_path / "run").glob("envs-*.pkl"))  # nothing to pickle
-    caplog.set_level(logging.WARNING, logger="rppo_td.train._loop")
-    config = TrainConfig(**{**settings, "resume": settings["output"]})
-    summary = Trainer(config, given={"resume": settings["output"]}).run()
-    assert summary is not None and summary["updates"] == 4
+    # and back in-process: the checkpoint of the worker run resumes, the envs restart again
+    caplog.set_level(logging.WARNING)
+    given = {"resume": str(out), "env_processes": 0}
+    trainer = Trainer(TrainConfig(**{**settings, **given}), given=given)
+    saved = trainer.counters["update"]
+    assert saved >= 2
+    assert trainer.run(stop_after_updates=saved + 1) is None
+    assert trainer.counters["update"] == saved + 1
     warned = [r.getMessage() for r in caplog.records if "restart from a reset" in r.getMessage()]
-    assert len(warned) == 1 and "env_processes=2" in warned[0] and "worker processes" in warned[0]
+    assert len(warned) == 1 and "no usable env state" in warned[0], warned
+    assert [f.name for f in out.glob("envs-*.pkl")] == [f"envs-{saved + 1:08d}.pkl"]
