@@ -21,6 +21,7 @@ LAST_WORDS = {
     "torchrl_collector.py": "update   2",
     "custom_env.py": "expected return is 0",
     "lstm_vs_gru.py": "eval return: deterministic",
+    "torchrl_distributed.py": "done: 2 updates",
 }
 
 
