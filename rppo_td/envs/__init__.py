@@ -2,7 +2,8 @@
 
 ``rppo_td/CartPoleNoVel-v1`` is CartPole-v1 dynamics and its 500-step time limit (a
 truncation), observing only the cart position and the pole angle, so a memory-less policy
-cannot infer the velocities. Importing ``rppo_td.envs`` registers it with gymnasium, as
+cannot infer the velocities. ``rppo_td/PocMemory-v0`` is the seed design's proof-of-concept
+memory task (``PocMemory``; preset ``poc-memory``). Importing ``rppo_td.envs`` registers it with gymnasium, as
 gymnasium's ``module:EnvId`` convention expects (``gym.make("rppo_td.envs:rppo_td/
 CartPoleNoVel-v1")`` works); importing ``rppo_td`` or ``rppo_td.functional`` does not load this
 package. ``resolve_env_id`` (so ``make_env``, ``make_vector_env`` and the trainer) registers it on
@@ -24,11 +25,14 @@ from rppo_td.envs._cartpole_novel import (
 from rppo_td.envs._checks import EnvError
 from rppo_td.envs._make import make_env, resolve_env_id
 from rppo_td.envs._make_vector import make_vector_env
+from rppo_td.envs._poc_memory import POC_MEMORY_ID, PocMemory
 from rppo_td.envs._processes import ProcessVectorEnv
 
 __all__ = [
     "CARTPOLE_NOVEL_ID",
     "EnvError",
+    "POC_MEMORY_ID",
+    "PocMemory",
     "ProcessVectorEnv",
     "VelocityMask",
     "make_cartpole_novel",

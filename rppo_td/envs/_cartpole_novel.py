@@ -8,6 +8,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from rppo_td.envs._poc_memory import POC_MEMORY_ID
+
 __all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register_envs"]
 
 CARTPOLE_NOVEL_ID = "rppo_td/CartPoleNoVel-v1"
@@ -60,7 +62,9 @@ def make_cartpole_novel(render_mode: str | None = None, **kwargs: Any) -> gym.En
 
 
 def register_envs() -> None:
-    """Registers ``CARTPOLE_NOVEL_ID`` with gymnasium; calling it again does nothing.
+    """Registers the built-in envs with gymnasium; calling it again does nothing.
+
+    ``CARTPOLE_NOVEL_ID`` and ``POC_MEMORY_ID`` (``rppo_td.envs._poc_memory``).
 
     Importing ``rppo_td.envs`` calls it (importing ``rppo_td`` does not), and so does
     ``rppo_td.envs.resolve_env_id`` (so ``make_env``, ``make_vector_env``, ``rppo-train`` and
@@ -71,11 +75,16 @@ def register_envs() -> None:
         >>> gym.make(CARTPOLE_NOVEL_ID).observation_space.shape
         (2,)
     """
-    if CARTPOLE_NOVEL_ID in gym.registry:
-        return
-    gym.register(
-        id=CARTPOLE_NOVEL_ID,
-        entry_point=make_cartpole_novel,
-        reward_threshold=475.0,
-        max_episode_steps=500,
-    )
+    if CARTPOLE_NOVEL_ID not in gym.registry:
+        gym.register(
+            id=CARTPOLE_NOVEL_ID,
+            entry_point=make_cartpole_novel,
+            reward_threshold=475.0,
+            max_episode_steps=500,
+        )
+    if POC_MEMORY_ID not in gym.registry:
+        gym.register(
+            id=POC_MEMORY_ID,
+            entry_point="rppo_td.envs._poc_memory:PocMemory",
+            max_episode_steps=32,
+        )
