@@ -3,11 +3,12 @@
 ``rppo_td/CartPoleNoVel-v1`` is CartPole-v1 dynamics and its 500-step time limit (a
 truncation), observing only the cart position and the pole angle, so a memory-less policy
 cannot infer the velocities. ``rppo_td/PocMemory-v0`` is the seed design's proof-of-concept
-memory task (``PocMemory``; preset ``poc-memory``). Importing ``rppo_td.envs`` registers it with gymnasium, as
-gymnasium's ``module:EnvId`` convention expects (``gym.make("rppo_td.envs:rppo_td/
-CartPoleNoVel-v1")`` works); importing ``rppo_td`` or ``rppo_td.functional`` does not load this
-package. ``resolve_env_id`` (so ``make_env``, ``make_vector_env`` and the trainer) registers it on
-first use too, and ``register_envs()`` does so explicitly.
+memory task (``PocMemory``; preset ``poc-memory``). Importing ``rppo_td.envs`` registers both
+with gymnasium, as gymnasium's ``module:EnvId`` convention expects
+(``gym.make("rppo_td.envs:rppo_td/CartPoleNoVel-v1")`` works); importing ``rppo_td`` or
+``rppo_td.functional`` does not load this package. ``resolve_env_id`` (so ``make_env``,
+``make_vector_env`` and the trainer) registers them on first use too, and ``register_envs()``
+does so explicitly.
 
 ``make_env`` and ``make_vector_env`` check what an env returns and raise ``EnvError``
 (naming the env and the problem) instead of training on bad data, and show the env through
