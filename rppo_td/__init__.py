@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         EpisodeSplitter,
         SequenceChunker,
         SequencePadder,
+        SequenceStartStates,
     )
 
 __version__ = "0.1.0"
@@ -42,6 +43,7 @@ __all__ = [
     "SequencePadder",
     "SequenceReplaySampler",
     "SequenceSampler",
+    "SequenceStartStates",
     "functional",
 ]
 
@@ -58,6 +60,7 @@ _HOMES = {
     "SequencePadder": "rppo_td.transforms",
     "SequenceReplaySampler": "rppo_td.sampling",
     "SequenceSampler": "rppo_td.sampling",
+    "SequenceStartStates": "rppo_td.transforms",
 }
 
 

@@ -9,6 +9,7 @@ rppo_td wrappers that check their inputs once at their own entry (re-exported as
 name``). Other packages import them from ``rppo_td.functional``, never from its modules.
 """
 
+from rppo_td.functional._burn_in import burn_in_lengths, burn_in_window, episode_first_steps
 from rppo_td.functional._gae import check_gae_inputs as check_gae_inputs
 from rppo_td.functional._gae import discounted_segment_sum, generalized_advantage_estimate
 from rppo_td.functional._gae import gae_unchecked as gae_unchecked
@@ -29,8 +30,11 @@ from rppo_td.functional._sequences import episode_ids_unchecked as episode_ids_u
 
 __all__ = [
     "balanced_minibatches",
+    "burn_in_lengths",
+    "burn_in_window",
     "chunk_episodes",
     "discounted_segment_sum",
+    "episode_first_steps",
     "episode_ids",
     "episode_starts",
     "generalized_advantage_estimate",

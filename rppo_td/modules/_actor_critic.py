@@ -86,6 +86,50 @@ class _Trunk(nn.Module):
             outputs.append(out)
         return torch.cat(outputs, dim=1), carry
 
+    def scan(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        is_init: torch.Tensor,
+        active: torch.Tensor | None = None,
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Steps the core through ``L`` positions, recording the state entering each.
+
+        The encoder runs once over all positions; the core one position at a time, all rows
+        together (a loop over time only).
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: entering position 0, each ``[N, layers, H]``.
+            is_init: ``[N, L]`` bool: the state entering an active position where True is
+                zero (an episode's first step).
+            active: ``[N, L]`` bool, or None (every position): where False the position is
+                skipped and the state carried over unchanged.
+
+        Returns:
+            ``(entering, final)``: the states entering each position ``[N, L, layers, H]``
+            (after the reset at ``is_init``) and after the last ``[N, layers, H]``.
+        """
+        assert self.core is not None
+        features = self.encoder(obs)
+        carry = state
+        entering: list[tuple[torch.Tensor, ...]] = []
+        for t in range(features.shape[1]):
+            on = None if active is None else active[:, t].view(-1, 1, 1)
+            reset = is_init[:, t].view(-1, 1, 1)
+            if on is not None:
+                reset = reset & on
+            carry = tuple(torch.where(reset, 0.0, c) for c in carry)
+            entering.append(carry)
+            _, after = self._run(features[:, t : t + 1], carry)
+            carry = (
+                after
+                if on is None
+                else tuple(torch.where(on, a, c) for a, c in zip(after, carry, strict=True))
+            )
+        stacked = tuple(torch.stack(parts, dim=1) for parts in zip(*entering, strict=True))
+        return stacked, carry
+
     def _run(
         self, features: torch.Tensor, state: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -232,6 +276,36 @@ class RecurrentActorCritic(nn.Module):
         if batch_shape is not None:
             features = features.reshape(*batch_shape, features.shape[-1])
         return self.action_head(self.policy_mlp(features)), final
+
+    def scan(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        is_init: torch.Tensor,
+        active: torch.Tensor | None = None,
+        *,
+        critic: bool = False,
+        normalized: bool = False,
+    ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """The actor's (or, with ``critic``, the critic's) states along ``L`` steps.
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: that network's, entering position 0, each ``[N, layers, H]``.
+            is_init: ``[N, L]`` bool; the state entering an episode's first step is zero.
+            active: ``[N, L]`` bool or None; where False the state is carried unchanged.
+            critic: the critic's trunk (the actor's with ``shared_critic``).
+            normalized: ``obs`` is already ``normalize(obs)``.
+
+        Returns:
+            ``(entering [N, L, layers, H] each, final [N, layers, H] each)``; empty tuples
+            with ``recurrence="none"``.
+        """
+        if self.recurrence == "none":
+            return (), ()
+        trunk = self.critic_trunk if critic and self.critic_trunk is not None else self.actor_trunk
+        obs = obs if normalized else self.normalize(obs)
+        return trunk.scan(obs, state, is_init, active)
 
     def value(
         self,

@@ -141,6 +141,57 @@ class _NetModule(TensorDictModuleBase):
     def _state_out_keys(self) -> list[NestedKey]:
         return [("next", key) for key in self.state_keys]
 
+    def _trunks(self) -> tuple[tuple[tuple[str, ...], bool], ...]:
+        """``(state keys, is the critic's)`` of each network this module runs."""
+        raise NotImplementedError
+
+    def scan_states(
+        self,
+        tensordict: TensorDictBase,
+        start: dict[str, torch.Tensor],
+        active: torch.Tensor | None = None,
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """This module's recurrent states along rows of ``L`` steps, in one pass per network.
+
+        What running the module step by step in step mode gives (the reference
+        ``SequenceStartStates`` checks against), with the encoder run once over all
+        positions and only the core stepped.
+
+        Args:
+            tensordict: ``[N, L]`` with the observation leaves and ``is_init``.
+            start: each state key's state entering position 0, ``[N, layers, H]``.
+            active: ``[N, L]`` bool or None (all); where False the state is carried on.
+
+        Returns:
+            ``(entering, final)``: per state key, the state entering each position
+            ``[N, L, layers, H]`` (zero at an active ``is_init``) and after the last
+            ``[N, layers, H]``.
+        """
+        if tensordict.batch_dims != 2:
+            raise ValueError(
+                "scan_states needs a [N, L] tensordict, got batch size "
+                f"{list(tensordict.batch_size)}"
+            )
+        n, length = tensordict.batch_size
+        is_init = tensordict.get(self.is_init_key).reshape(n, length)
+        obs = self.net.normalize(tensordict.select(*self.net.observation_keys))
+        entering: dict[str, torch.Tensor] = {}
+        final: dict[str, torch.Tensor] = {}
+        for keys, critic in self._trunks():
+            if not keys or all(key in entering for key in keys):
+                continue
+            states, last = self.net.scan(
+                obs,
+                tuple(start[key] for key in keys),
+                is_init,
+                active,
+                critic=critic,
+                normalized=True,
+            )
+            entering.update(zip(keys, states, strict=True))
+            final.update(zip(keys, last, strict=True))
+        return entering, final
+
 
 class _ActingModule(_NetModule):
     """A module that samples actions: the interaction type and writing the action.
@@ -209,6 +260,9 @@ class RecurrentActor(_ActingModule):
     def _state_keys_of(net: RecurrentActorCritic) -> tuple[str, ...]:
         return net.actor_state_keys
 
+    def _trunks(self) -> tuple[tuple[tuple[str, ...], bool], ...]:
+        return ((self.net.actor_state_keys, False),)
+
     def _dist(self, tensordict: TensorDictBase) -> tuple[Any, _Inputs, tuple[torch.Tensor, ...]]:
         inputs = _Inputs(self, tensordict)
         dist, final = self.net.policy(
@@ -247,6 +301,9 @@ class RecurrentCritic(_NetModule):
         super().__init__(net, _checked(net).critic_state_keys, is_init_key)
         self.out_keys = ["state_value", *self._state_out_keys()]
 
+    def _trunks(self) -> tuple[tuple[tuple[str, ...], bool], ...]:
+        return ((self.net.critic_state_keys, True),)
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the out keys into ``tensordict`` and returns it."""
         inputs = _Inputs(self, tensordict)
@@ -275,6 +332,9 @@ class RecurrentPolicy(_ActingModule):
     @staticmethod
     def _state_keys_of(net: RecurrentActorCritic) -> tuple[str, ...]:
         return net.state_keys
+
+    def _trunks(self) -> tuple[tuple[tuple[str, ...], bool], ...]:
+        return ((self.net.actor_state_keys, False), (self.net.critic_state_keys, True))
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the out keys into ``tensordict`` and returns it."""

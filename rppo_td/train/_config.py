@@ -121,6 +121,17 @@ class TrainConfig:
     recurrence: Literal["lstm", "gru", "none"] = _doc(
         "recurrent core; none is the control", default="lstm"
     )
+    start_state: Literal["stored", "refreshed", "zero"] = _doc(
+        "state each sequence starts from: stored at collection, refreshed before each epoch "
+        "by the current network, or zero",
+        default="stored",
+    )
+    burn_in: int = _doc(
+        "steps of the same episode run (no gradient, no loss) before each sequence",
+        default=0,
+        low=0,
+        high=100_000,
+    )
     hidden_size: int = _doc(
         "width of encoder, recurrent core and heads", default=64, low=1, high=65_536
     )
@@ -236,6 +247,11 @@ class TrainConfig:
             raise ValueError(
                 f"env_processes={self.env_processes} needs collector='vector', got "
                 f"collector={self.collector!r}"
+            )
+        if self.recurrence == "none" and (self.start_state != "stored" or self.burn_in):
+            raise ValueError(
+                f"start_state={self.start_state!r} and burn_in={self.burn_in} need a recurrent "
+                "core; recurrence='none' has no state (use start_state='stored', burn_in=0)"
             )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
         if self.num_minibatches > fewest:

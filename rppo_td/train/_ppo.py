@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from tensordict import TensorDictBase
@@ -12,7 +13,13 @@ from rppo_td.modules import RecurrentActor, RecurrentCritic
 from rppo_td.objectives import RecurrentPPOLoss
 from rppo_td.sampling import SequenceSampler
 from rppo_td.train._distributed import average_gradients
-from rppo_td.transforms import GAE, EpisodeSplitter, SequenceChunker, SequencePadder
+from rppo_td.transforms import (
+    GAE,
+    EpisodeSplitter,
+    SequenceChunker,
+    SequencePadder,
+    SequenceStartStates,
+)
 
 __all__ = ["PPOSettings", "PPOUpdate"]
 
@@ -31,6 +38,8 @@ class PPOSettings:
     max_grad_norm: float
     normalize_advantage: bool
     advantage_eps: float = 1e-8
+    start_state: Literal["stored", "refreshed", "zero"] = "stored"
+    burn_in: int = 0
 
 
 class PPOUpdate:
@@ -40,6 +49,8 @@ class PPOUpdate:
     ``("next", "state_value")`` from the states after each step, bootstrapping on
     truncation), ``EpisodeSplitter`` and ``SequenceChunker`` prepare the rollout;
     ``SequencePadder`` regroups it once into sequences ``[N, Lp]`` with ``loss_mask``;
+    with ``start_state`` other than ``"stored"`` or ``burn_in``, ``SequenceStartStates``
+    sets each sequence's start state with the current networks before each epoch;
     ``SequenceSampler`` draws each epoch's minibatches of whole sequences ``[B, Lp]``;
     ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode: each sequence
     from its stored state at position 0) gives the loss terms, summed for one Adam step with
@@ -89,6 +100,12 @@ class PPOUpdate:
             # the real-step counts and advantage statistics of all ranks together
             process_group="default" if world_size > 1 else None,
         )
+        # before each epoch: the sequences' start states from the current networks
+        self.start_states: SequenceStartStates | None = None
+        if settings.start_state != "stored" or settings.burn_in:
+            self.start_states = SequenceStartStates(
+                [actor, critic], start_state=settings.start_state, burn_in=settings.burn_in
+            )
         self.parameters = [
             p for p in {id(p): p for p in self.loss.parameters()}.values() if p.requires_grad
         ]
@@ -103,6 +120,7 @@ class PPOUpdate:
                     "value_target",
                     "sequence_id",
                     "sequence_offset",
+                    *(["episode_id"] if settings.burn_in else []),
                 ]
             )
         )
@@ -127,7 +145,8 @@ class PPOUpdate:
         count = 0
         self.loss.train()
         for _ in range(self.settings.epochs):
-            for batch in self.sampler(sequences):
+            epoch = sequences if self.start_states is None else self.start_states(sequences)
+            for batch in self.sampler(epoch):
                 for name, value in self._step(batch).items():
                     totals[name] = totals[name] + value if name in totals else value
                 count += 1

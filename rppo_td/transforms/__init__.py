@@ -4,6 +4,7 @@ from rppo_td.transforms._device import DeviceMover
 from rppo_td.transforms._episodes import EpisodeSplitter, SequenceChunker
 from rppo_td.transforms._gae import GAE
 from rppo_td.transforms._padder import SequencePadder
+from rppo_td.transforms._start_states import SequenceStartStates
 
 __all__ = [
     "GAE",
@@ -11,4 +12,5 @@ __all__ = [
     "EpisodeSplitter",
     "SequenceChunker",
     "SequencePadder",
+    "SequenceStartStates",
 ]

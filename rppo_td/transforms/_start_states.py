@@ -1,0 +1,433 @@
+"""SequenceStartStates: the recurrent state each sequence starts from (refreshed, zero, burn-in)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import set_recurrent_mode
+
+from rppo_td._keys import RolloutKeys
+from rppo_td._validation import check_dtype, check_shape, get_key
+from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps, unpad_rows
+from rppo_td.transforms._base import RolloutTransform
+
+__all__ = ["START_STATES", "SequenceStartStates", "scan_step_by_step", "state_keys_of"]
+
+StartState = Literal["stored", "refreshed", "zero"]
+START_STATES: tuple[str, ...] = ("stored", "refreshed", "zero")
+
+
+class SequenceStartStates(RolloutTransform):
+    """Sets the recurrent state each sequence starts from, with the current networks.
+
+    The loss runs each sequence from the state stored at its position 0 (recurrent mode).
+    That state was computed during collection, by the network of that time; after the first
+    epoch of an update it is stale. This transform replaces it, before each epoch:
+
+    - ``start_state="stored"``: the state stored during collection (zero at an episode's
+      first step).
+    - ``start_state="refreshed"``: every state of the rollout recomputed by the current
+      networks, running each worker's row from its first stored state and starting from zero
+      at each ``is_init``. The rows run together, one step at a time (a loop over time only,
+      never over workers, episodes or sequences).
+    - ``start_state="zero"``: zero.
+    - ``burn_in=K`` (with any of the above): the up to ``K`` steps of the same episode before
+      each sequence's first step are run through the networks first, from the chosen state
+      at the first of them (R2D2's burn-in). Burn-in never crosses an episode start nor the
+      rollout's first step; it runs without gradient and adds no loss position: ``loss_mask``
+      and every other key are unchanged.
+
+    Everything runs without gradient; the states written never require grad.
+
+    **Input.** Either the padded sequences of one rollout (``SequencePadder``'s output
+    ``[N, Lp]``, all of its sequences, in any order; ``loss_mask``, ``worker_index`` and
+    ``time_index`` locate each step) or the chunked rollout ``[W, T]`` (``sequence_offset``
+    marks the sequences' first steps). Both hold the modules' observation inputs, ``is_init``
+    (``[*B, 1]`` bool), the state keys (``[*B, *S]``) and, with ``burn_in``,
+    ``episode_id`` (``EpisodeSplitter``'s). **Output:** a shallow copy with new state tensors:
+    with ``"refreshed"`` every real step holds its refreshed state; otherwise only the
+    sequences' first steps change. The input is not modified, so the stored states stay
+    available to the next epoch.
+
+    **Modules.** Any TorchRL recurrent module in step mode: its state keys are those it
+    writes under ``"next"`` (``("next", "recurrent_state_h")``) and also reads, e.g.
+    ``LSTMModule``/``GRUModule`` or a ``ProbabilisticActor`` around one. Each is run step by
+    step in step mode under ``set_exploration_type(DETERMINISTIC)`` (no sampling, so no random
+    numbers drawn). rppo_td's ``RecurrentActor``/``RecurrentCritic``/``RecurrentPolicy``
+    take a faster path (``scan_states``: the encoder once over all steps) that gives the
+    same states. A state key shared by two modules (``shared_critic``) is computed once, by
+    the first.
+
+    Args:
+        modules: one module or a sequence of them (e.g. ``[actor, critic]``).
+        start_state: ``"stored"``, ``"refreshed"`` (the default) or ``"zero"``.
+        burn_in: ``K >= 0`` steps of burn-in.
+        keys: key overrides (``RolloutKeys``; also ``set_keys(...)``).
+
+    Raises:
+        ValueError: an unknown ``start_state``, a negative ``burn_in``, a module without a
+            recurrent state; at call time a missing or malformed key (named), or padded
+            sequences that are not all the sequences of one rollout.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder
+        >>> from rppo_td.modules import RecurrentActorCritic, RecurrentActor
+        >>> net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
+        ...                            hidden_size=4)
+        >>> W, T = 2, 6
+        >>> done = torch.zeros(W, T, 1, dtype=torch.bool)
+        >>> rollout = TensorDict({
+        ...     "observation": torch.randn(W, T, 2),
+        ...     "is_init": torch.zeros(W, T, 1, dtype=torch.bool),
+        ...     "recurrent_state_h": torch.zeros(W, T, 1, 4),
+        ...     "recurrent_state_c": torch.zeros(W, T, 1, 4),
+        ...     "next": {"done": done}}, batch_size=[W, T])
+        >>> rollout = SequenceChunker(sequence_length=3)(EpisodeSplitter()(rollout))
+        >>> sequences = SequencePadder()(rollout)
+        >>> fresh = SequenceStartStates(RecurrentActor(net), burn_in=2)(sequences)
+        >>> fresh["recurrent_state_h"].shape, bool(fresh["recurrent_state_h"][1, 0].any())
+        (torch.Size([4, 3, 1, 4]), True)
+    """
+
+    _in_fields = (
+        "is_init",
+        "episode_id",
+        "sequence_offset",
+        "loss_mask",
+        "worker_index",
+        "time_index",
+    )
+
+    def __init__(
+        self,
+        modules: TensorDictModuleBase | Sequence[TensorDictModuleBase],
+        *,
+        start_state: StartState = "refreshed",
+        burn_in: int = 0,
+        keys: RolloutKeys | None = None,
+    ) -> None:
+        super().__init__(keys=keys)
+        if start_state not in START_STATES:
+            raise ValueError(
+                f"start_state must be one of {list(START_STATES)}, got {start_state!r}"
+            )
+        if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
+            raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
+        module_list = [modules] if isinstance(modules, TensorDictModuleBase) else list(modules)
+        if not module_list:
+            raise ValueError("SequenceStartStates needs at least one recurrent module")
+        plan: list[tuple[Any, tuple[NestedKey, ...]]] = []
+        seen: list[NestedKey] = []
+        for module in module_list:
+            own = state_keys_of(module)
+            new = tuple(key for key in own if key not in seen)
+            seen.extend(new)
+            if new:
+                plan.append((module, own))
+        # a plain tuple: the networks stay out of this transform's parameters and state_dict
+        self._plan = tuple(plan)
+        self.state_keys: tuple[NestedKey, ...] = tuple(seen)
+        self.start_state = start_state
+        self.burn_in = burn_in
+
+    def _repr_args(self) -> str:
+        return f"start_state={self.start_state!r}, burn_in={self.burn_in}"
+
+    def _input_keys(self) -> list[NestedKey]:
+        keys: list[NestedKey] = [self.keys.is_init]
+        for module, own in self._plan:
+            keys += [key for key in module.in_keys if key not in own and key not in keys]
+        return keys
+
+    # ---- the two inputs ------------------------------------------------------------------
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.batch_dims != 2:
+            raise ValueError(
+                "SequenceStartStates expects padded sequences [N, Lp] or a rollout [W, T], "
+                f"got batch size {list(tensordict.batch_size)}"
+            )
+        if tensordict.get(self.keys.loss_mask, None) is not None:
+            return self._padded(tensordict)
+        return self._rollout(tensordict)
+
+    def _rollout(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.keys
+        num_workers, num_time = tensordict.batch_size
+        starts = None
+        if self.start_state != "refreshed" or self.burn_in:
+            hint = "(SequenceChunker writes it; it marks each sequence's first step)"
+            offset = get_key(tensordict, keys.sequence_offset, hint=hint)
+            check_shape(keys.sequence_offset, offset, (num_workers, num_time))
+            starts = (offset == 0).flatten().nonzero().squeeze(1)
+        rollout = self._rollout_view(tensordict, num_workers, num_time)
+        states = self._states(rollout, starts)
+        out = tensordict.copy()
+        for key, value in states.items():
+            out.set(key, value.view(num_workers, num_time, *value.shape[1:]))
+        return out
+
+    def _padded(self, tensordict: TensorDictBase) -> TensorDictBase:
+        keys = self.keys
+        shape = tuple(tensordict.batch_size)
+        hint = "(SequencePadder writes it)"
+        mask = get_key(tensordict, keys.loss_mask)
+        worker = get_key(tensordict, keys.worker_index, hint=hint)
+        time = get_key(tensordict, keys.time_index, hint=hint)
+        for key, value, dtype in (
+            (keys.loss_mask, mask, torch.bool),
+            (keys.worker_index, worker, torch.int64),
+            (keys.time_index, time, torch.int64),
+        ):
+            check_shape(key, value, shape)
+            check_dtype(key, value, dtype)
+        real = mask.flatten().nonzero().squeeze(1)
+        if real.numel() == 0 or not bool(mask[:, 0].all()):
+            raise ValueError(
+                f"SequenceStartStates needs sequences whose first position is real "
+                f"({keys.loss_mask!r} True at position 0 of every row), as SequencePadder "
+                "writes them"
+            )
+        w_real = worker.flatten().index_select(0, real)
+        t_real = time.flatten().index_select(0, real)
+        num_workers, num_time = (int(x) + 1 for x in torch.stack([w_real.max(), t_real.max()]))
+        num_steps = num_workers * num_time
+        dest = w_real * num_time + t_real
+        recorded = tensordict.get(keys.rollout_steps, None)  # SequencePadder's W * T
+        whole = recorded is None or bool(
+            (recorded.flatten().index_select(0, real) == num_steps).all()
+        )
+        if (
+            not whole
+            or real.numel() != num_steps
+            or not bool((torch.bincount(dest, minlength=num_steps) == 1).all())
+        ):
+            raise ValueError(
+                "SequenceStartStates needs all the padded sequences of one rollout, every step "
+                f"once: these hold {real.numel()} real steps for a [{num_workers}, {num_time}] "
+                "rollout. Apply it to SequencePadder's whole output, before the sampler splits "
+                "it into minibatches"
+            )
+        flat_view = TensorDict(
+            {
+                key: unpad_rows(get_key(tensordict, key), dest, real, num_steps)
+                for key in self._needed(tensordict)
+            },
+            batch_size=[num_steps],
+            device=tensordict.device,
+        )
+        rollout = flat_view.view(num_workers, num_time)
+        first = worker[:, 0] * num_time + time[:, 0]
+        starts = None if self.start_state == "refreshed" and not self.burn_in else first
+        states = self._states(rollout, starts)
+        out = tensordict.copy()
+        rows = shape[0] * shape[1]
+        for key, value in states.items():
+            new = get_key(tensordict, key).clone()
+            if self.start_state == "refreshed":
+                flat = new.view(rows, *new.shape[2:])
+                flat.index_copy_(0, real, value.index_select(0, dest))
+            else:
+                new[:, 0] = value.index_select(0, first)
+            out.set(key, new)
+        return out
+
+    def _needed(self, tensordict: TensorDictBase) -> list[NestedKey]:
+        keys = [*self._input_keys(), *self.state_keys]
+        if self.burn_in:
+            keys.append(self.keys.episode_id)
+        for key in keys:
+            get_key(tensordict, key, hint=f"(SequenceStartStates reads {key!r})")
+        return keys
+
+    def _rollout_view(
+        self, tensordict: TensorDictBase, num_workers: int, num_time: int
+    ) -> TensorDictBase:
+        return tensordict.select(*self._needed(tensordict))
+
+    # ---- the states ---------------------------------------------------------------------------
+    def _states(
+        self, rollout: TensorDictBase, starts: torch.Tensor | None
+    ) -> dict[NestedKey, torch.Tensor]:
+        """New states ``[W * T, *S]`` per state key, from the ``[W, T]`` rollout.
+
+        ``starts``: ``[S]`` flat indices ``w * T + t`` of the sequences' first steps (None
+        when only refreshed states everywhere are needed).
+        """
+        keys = self.keys
+        num_workers, num_time = rollout.batch_size
+        is_init = get_key(rollout, keys.is_init)
+        check_dtype(keys.is_init, is_init, torch.bool)
+        if is_init.numel() != num_workers * num_time:
+            raise ValueError(
+                f"{keys.is_init!r} must have shape {[num_workers, num_time, 1]}, got "
+                f"{list(is_init.shape)}"
+            )
+        is_init = is_init.reshape(num_workers, num_time)
+        stored: dict[NestedKey, torch.Tensor] = {}
+        for key in self.state_keys:
+            value = get_key(rollout, key)
+            zero = is_init.view(num_workers, num_time, *([1] * (value.ndim - 2)))
+            stored[key] = torch.where(zero, 0.0, value).detach()
+        with torch.no_grad():
+            if self.start_state == "refreshed":
+                first = {key: value[:, 0] for key, value in stored.items()}
+                base, _ = self._scan(rollout, first, None)
+            elif self.start_state == "zero":
+                base = {key: torch.zeros_like(value) for key, value in stored.items()}
+            else:
+                base = stored
+            flat_base = {key: v.reshape(-1, *v.shape[2:]) for key, v in base.items()}
+            if starts is None:
+                return flat_base
+            if self.burn_in:
+                at_starts = self._burn_in(rollout, flat_base, starts)
+            else:
+                at_starts = {key: v.index_select(0, starts) for key, v in flat_base.items()}
+        if self.start_state == "refreshed":
+            out = {key: v.clone() for key, v in flat_base.items()}
+        else:
+            out = {key: v.reshape(-1, *v.shape[2:]).clone() for key, v in stored.items()}
+        for key, value in at_starts.items():
+            out[key].index_copy_(0, starts, value)
+        return out
+
+    def _burn_in(
+        self,
+        rollout: TensorDictBase,
+        flat_base: dict[NestedKey, torch.Tensor],
+        starts: torch.Tensor,
+    ) -> dict[NestedKey, torch.Tensor]:
+        """The states at ``starts`` after each sequence's burn-in, ``[S, *S]`` per key."""
+        num_time = rollout.batch_size[1]
+        episode_id = get_key(rollout, self.keys.episode_id, hint="(EpisodeSplitter writes it)")
+        check_dtype(self.keys.episode_id, episode_id, torch.int64)
+        first = episode_first_steps(episode_id).flatten().index_select(0, starts)
+        worker, start_time = starts // num_time, starts % num_time
+        lengths = burn_in_lengths(start_time, first, self.burn_in)
+        columns, active = burn_in_window(start_time, lengths, self.burn_in)
+        rows = worker.unsqueeze(1) * num_time
+        window = rollout.select(*self._input_keys()).reshape(-1)[rows + columns]
+        begin = starts - lengths
+        start = {key: v.index_select(0, begin) for key, v in flat_base.items()}
+        _, final = self._scan(window, start, active)
+        return final
+
+    def _scan(
+        self,
+        tensordict: TensorDictBase,
+        start: dict[NestedKey, torch.Tensor],
+        active: torch.Tensor | None,
+    ) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
+        entering: dict[NestedKey, torch.Tensor] = {}
+        final: dict[NestedKey, torch.Tensor] = {}
+        for module, own in self._plan:
+            own_start = {key: start[key] for key in own}
+            fast = getattr(module, "scan_states", None)
+            if fast is not None:
+                states, last = fast(tensordict, own_start, active)
+            else:
+                states, last = scan_step_by_step(
+                    module, tensordict, own_start, active, is_init_key=self.keys.is_init
+                )
+            for key in own:
+                if key not in entering:
+                    entering[key] = states[key]
+                    final[key] = last[key]
+        return entering, final
+
+
+def state_keys_of(module: Any) -> tuple[NestedKey, ...]:
+    """The recurrent state keys of a TorchRL module: those it writes under ``"next"`` and reads.
+
+    Args:
+        module: a TensorDict module with ``in_keys`` and ``out_keys``.
+
+    Raises:
+        ValueError: the module has none (it is not recurrent).
+    """
+    own = getattr(module, "state_keys", None)
+    if own is not None:
+        keys = tuple(own)
+    else:
+        in_keys = [_as_tuple(key) for key in getattr(module, "in_keys", [])]
+        keys = tuple(
+            key[1] if len(key) == 2 else key[1:]
+            for key in (_as_tuple(k) for k in getattr(module, "out_keys", []))
+            if len(key) > 1 and key[0] == "next" and key[1:] in in_keys
+        )
+    if not keys:
+        raise ValueError(
+            f"{type(module).__name__} has no recurrent state: it writes no ('next', key) that "
+            "it also reads (an LSTMModule's recurrent_state_h, for instance)"
+        )
+    return keys
+
+
+def _as_tuple(key: NestedKey) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def scan_step_by_step(
+    module: Any,
+    tensordict: TensorDictBase,
+    start: dict[NestedKey, torch.Tensor],
+    active: torch.Tensor | None = None,
+    *,
+    is_init_key: NestedKey = "is_init",
+) -> tuple[dict[NestedKey, torch.Tensor], dict[NestedKey, torch.Tensor]]:
+    """A module's recurrent states along rows ``[N, L]``, one step-mode call per position.
+
+    The reference for every faster path (and the path for modules without one): at each
+    position the module runs in step mode on ``[N]``, with the carried states under its
+    state keys, and its ``("next", key)`` outputs are carried on. Runs without gradient,
+    outside recurrent mode, under ``set_exploration_type(DETERMINISTIC)``.
+
+    Args:
+        module: a TorchRL recurrent module (see ``state_keys_of``).
+        tensordict: ``[N, L]`` with the module's inputs and ``is_init`` ``[N, L, 1]`` bool.
+        start: the state entering position 0 per state key, ``[N, *S]``.
+        active: ``[N, L]`` bool or None (all); where False the position is skipped.
+        is_init_key: the key of ``is_init``.
+
+    Returns:
+        ``(entering, final)``: per key the state entering each position ``[N, L, *S]`` (zero
+        at an active ``is_init``) and after the last ``[N, *S]``.
+    """
+    keys = tuple(start)
+    n, length = tensordict.batch_size
+    is_init = tensordict.get(is_init_key).reshape(n, length)
+    carry = dict(start)
+    entering: dict[NestedKey, list[torch.Tensor]] = {key: [] for key in keys}
+    inputs = [key for key in module.in_keys if key not in keys]
+    with (
+        torch.no_grad(),
+        set_recurrent_mode(False),
+        set_exploration_type(ExplorationType.DETERMINISTIC),
+    ):
+        for t in range(length):
+            on = torch.ones(n, dtype=torch.bool) if active is None else active[:, t]
+            reset = is_init[:, t] & on
+            for key in keys:
+                value = carry[key]
+                carry[key] = torch.where(_expand(reset, value), 0.0, value)
+                entering[key].append(carry[key])
+            step = tensordict[:, t].select(*inputs, strict=False).copy()
+            step.set(is_init_key, reset.view(n, 1))
+            for key in keys:
+                step.set(key, carry[key])
+            out = module(step)
+            for key in keys:
+                after = out.get(("next", *_as_tuple(key)))
+                carry[key] = torch.where(_expand(on, after), after, carry[key])
+    stacked = {key: torch.stack(values, dim=1) for key, values in entering.items()}
+    return stacked, carry
+
+
+def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.view(*mask.shape, *([1] * (like.ndim - mask.ndim)))

@@ -1,0 +1,287 @@
+"""Properties of SequenceStartStates: refreshed states, zero states and burn-in.
+
+Each property is checked against a loop reference that steps the network's own ``policy`` /
+``value`` one step at a time, worker by worker and sequence by sequence.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceStartStates
+from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
+from rppo_td.sampling import SequenceSampler
+from rppo_td.testing.strategies import episode_ends
+from rppo_td.transforms._start_states import scan_step_by_step
+
+OBS = gym.spaces.Box(-1.0, 1.0, (2,))
+ACT = gym.spaces.Discrete(2)
+
+
+@st.composite
+def cases(draw):
+    """``(net, rollout, sequence_length, burn_in)``: a chunked ``[W, T]`` rollout with states."""
+    workers = draw(st.integers(1, 4), label="W")
+    steps = draw(st.integers(1, 12), label="T")
+    recurrence = draw(st.sampled_from(["lstm", "gru"]), label="recurrence")
+    layers = draw(st.integers(1, 2), label="layers")
+    shared = draw(st.booleans(), label="shared critic")
+    seed = draw(st.integers(0, 2**16), label="seed")
+    torch.manual_seed(seed)
+    net = RecurrentActorCritic(
+        OBS, ACT, recurrence=recurrence, hidden_size=3, num_layers=layers, shared_critic=shared
+    )
+    terminated, truncated = draw(episode_ends(workers, steps, 3), label="ends")
+    done = terminated | truncated
+    is_init = torch.zeros_like(done)
+    is_init[:, 1:] = done[:, :-1]
+    first = draw(st.lists(st.booleans(), min_size=workers, max_size=workers), label="init[:, 0]")
+    is_init[:, 0, 0] = torch.tensor(first)
+    td = TensorDict(
+        {
+            "observation": torch.randn(workers, steps, 2),
+            "is_init": is_init,
+            "next": {"done": done, "terminated": terminated, "truncated": truncated},
+        },
+        batch_size=[workers, steps],
+    )
+    for key in net.state_keys:
+        # stored states: stale (random), zero at episode starts as a collector stores them
+        value = torch.randn(workers, steps, *net.state_shape)
+        td.set(key, torch.where(is_init.unsqueeze(-1), 0.0, value))
+    length = draw(st.integers(1, 6), label="L")
+    burn_in = draw(st.integers(0, 5), label="K")
+    td = SequenceChunker(sequence_length=length)(EpisodeSplitter()(td))
+    return net, td, length, burn_in
+
+
+def _step(net, obs, state, critic):
+    """One step of one network from ``state`` (a tuple of ``[1, layers, H]``)."""
+    obs_td = TensorDict({"observation": obs.view(1, 1, 2)}, batch_size=[1, 1])
+    if critic:
+        _, final = net.value(obs_td, state)
+    else:
+        _, final = net.policy(obs_td, state)
+    return final
+
+
+def _groups(net):
+    groups = [(net.actor_state_keys, False)]
+    if not net.shared_critic:
+        groups.append((net.critic_state_keys, True))
+    return groups
+
+
+def reference_refreshed(net, td):
+    """Per key, ``[W, T, layers, H]``: each row stepped from its first stored state."""
+    workers, steps = td.batch_size
+    out = {key: torch.zeros(workers, steps, *net.state_shape) for key in net.state_keys}
+    with torch.no_grad():
+        for keys, critic in _groups(net):
+            for w in range(workers):
+                state = tuple(td[key][w, 0].unsqueeze(0) for key in keys)
+                for t in range(steps):
+                    if td["is_init"][w, t, 0]:
+                        state = tuple(torch.zeros_like(s) for s in state)
+                    for key, s in zip(keys, state, strict=True):
+                        out[key][w, t] = s[0]
+                    state = _step(net, td["observation"][w, t], state, critic)
+    return out
+
+
+def reference_start(net, td, base, w, t0, burn_in):
+    """The state a sequence starting at ``(w, t0)`` starts from after burn-in."""
+    episode = td["episode_id"][w]
+    first = t0
+    while first > 0 and episode[first - 1] == episode[t0]:
+        first -= 1
+    begin = max(first, t0 - burn_in)
+    out = {}
+    with torch.no_grad():
+        for keys, critic in _groups(net):
+            state = tuple(base[key][w, begin].unsqueeze(0) for key in keys)
+            for t in range(begin, t0):
+                state = _step(net, td["observation"][w, t], state, critic)
+            out.update({key: s[0] for key, s in zip(keys, state, strict=True)})
+    return out
+
+
+def _modules(net):
+    return [RecurrentActor(net), RecurrentCritic(net)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases())
+def test_refreshed_states_equal_a_step_by_step_rerun(case):
+    net, td, _, _ = case
+    expected = reference_refreshed(net, td)
+    out = SequenceStartStates(_modules(net), start_state="refreshed")(td)
+    padded = SequenceStartStates(_modules(net), start_state="refreshed")(SequencePadder()(td))
+    back = SequencePadder().inv(padded)
+    for key in net.state_keys:
+        torch.testing.assert_close(out[key], expected[key], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(back[key], expected[key], atol=1e-5, rtol=1e-5)
+        assert not out[key].requires_grad
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases(), st.sampled_from(["stored", "refreshed", "zero"]))
+def test_start_states_after_burn_in_match_the_reference(case, start_state):
+    net, td, _, burn_in = case
+    if start_state == "refreshed":
+        base = reference_refreshed(net, td)
+    elif start_state == "zero":
+        base = {key: torch.zeros_like(td[key]) for key in net.state_keys}
+    else:
+        base = {key: td[key] for key in net.state_keys}
+    transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)
+    padded = SequencePadder()(td)
+    out = transform(padded)
+    for n in range(padded.batch_size[0]):
+        w, t0 = int(padded["worker_index"][n, 0]), int(padded["time_index"][n, 0])
+        expected = reference_start(net, td, base, w, t0, burn_in)
+        for key in net.state_keys:
+            torch.testing.assert_close(out[key][n, 0], expected[key], atol=1e-5, rtol=1e-5)
+            if start_state != "refreshed":  # later positions keep the stored states
+                assert torch.equal(out[key][n, 1:], padded[key][n, 1:])
+    # nothing else changes, and the input is left as it was
+    for key in padded.keys(True, True):
+        if key not in net.state_keys:
+            assert torch.equal(out[key], padded[key])
+    assert torch.equal(padded.get(net.state_keys[0]), SequencePadder()(td).get(net.state_keys[0]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases())
+def test_burn_in_stays_in_the_episode(case):
+    _, td, _, burn_in = case
+    first = episode_first_steps(td["episode_id"])
+    starts = (td["sequence_offset"] == 0).nonzero()
+    w, t0 = starts[:, 0], starts[:, 1]
+    lengths = burn_in_lengths(t0, first[w, t0], burn_in)
+    columns, active = burn_in_window(t0, lengths, burn_in)
+    assert bool((lengths <= burn_in).all()) and bool((lengths >= 0).all())
+    for i in range(len(w)):
+        burned = columns[i][active[i]].tolist()
+        assert burned == list(range(int(t0[i]) - int(lengths[i]), int(t0[i])))
+        # inside the sequence's episode, and as long as the episode and K allow
+        assert all(td["episode_id"][w[i], t] == td["episode_id"][w[i], t0[i]] for t in burned)
+        before = int(t0[i]) - len(burned) - 1
+        earlier_in_episode = (
+            before >= 0 and td["episode_id"][w[i], before] == td["episode_id"][w[i], t0[i]]
+        )
+        assert len(burned) == burn_in or not earlier_in_episode
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases(), st.sampled_from(["stored", "refreshed", "zero"]), st.integers(1, 3))
+def test_each_real_step_in_one_loss_position_per_epoch(case, start_state, minibatches):
+    net, td, _, burn_in = case
+    padded = SequencePadder()(td)
+    if minibatches > padded.batch_size[0]:
+        minibatches = padded.batch_size[0]
+    transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)
+    sampler = SequenceSampler(minibatches, generator=torch.Generator().manual_seed(0))
+    for _ in range(2):  # two epochs, each from the freshly set states
+        seen = []
+        for batch in sampler(transform(padded)):
+            mask = batch["loss_mask"]
+            seen += list(
+                zip(
+                    batch["worker_index"][mask].tolist(),
+                    batch["time_index"][mask].tolist(),
+                    strict=True,
+                )
+            )
+        workers, steps = td.batch_size
+        assert sorted(seen) == [(w, t) for w in range(workers) for t in range(steps)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(cases())
+def test_fast_path_equals_step_mode_modules(case):
+    net, td, _, _ = case
+    workers, steps = td.batch_size
+    start = {key: td[key][:, 0] for key in net.state_keys}
+    active = torch.rand(workers, steps) < 0.7
+    for module in (RecurrentActor(net), RecurrentCritic(net), RecurrentPolicy(net)):
+        own = {key: start[key] for key in module.state_keys}
+        fast, fast_final = module.scan_states(td, own, active)
+        slow, slow_final = scan_step_by_step(module, td, own, active)
+        for key in module.state_keys:
+            torch.testing.assert_close(fast[key], slow[key], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(fast_final[key], slow_final[key], atol=1e-5, rtol=1e-5)
+
+
+def test_torchrl_lstm_module_takes_the_step_mode_path():
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.modules import LSTMModule
+
+    torch.manual_seed(0)
+    lstm = LSTMModule(input_size=2, hidden_size=3, in_key="observation", out_key="features")
+    head = TensorDictModule(torch.nn.Linear(3, 1), ["features"], ["v"])
+    module = TensorDictSequential(lstm, head)
+    workers, steps = 2, 7
+    done = torch.zeros(workers, steps, 1, dtype=torch.bool)
+    done[0, 3] = True
+    is_init = torch.zeros_like(done)
+    is_init[:, 1:] = done[:, :-1]
+    is_init[:, 0] = True
+    td = TensorDict(
+        {
+            "observation": torch.randn(workers, steps, 2),
+            "is_init": is_init,
+            "recurrent_state_h": torch.zeros(workers, steps, 1, 3),
+            "recurrent_state_c": torch.zeros(workers, steps, 1, 3),
+            "next": {"done": done},
+        },
+        batch_size=[workers, steps],
+    )
+    td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(td))
+    out = SequenceStartStates(module, start_state="refreshed")(td)
+    # the reference: the LSTM over each row, restarting at the episode start
+    with torch.no_grad():
+        for w in range(workers):
+            h = torch.zeros(1, 1, 3)
+            c = torch.zeros(1, 1, 3)
+            for t in range(steps):
+                if is_init[w, t, 0]:
+                    h, c = torch.zeros_like(h), torch.zeros_like(c)
+                torch.testing.assert_close(out["recurrent_state_h"][w, t], h[:, 0])
+                torch.testing.assert_close(out["recurrent_state_c"][w, t], c[:, 0])
+                _, (h, c) = lstm.lstm(td["observation"][w, t].view(1, 1, 2), (h, c))
+
+
+def test_refusals_name_the_setting():
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    with pytest.raises(ValueError, match="start_state must be one of"):
+        SequenceStartStates(RecurrentActor(net), start_state="fresh")
+    with pytest.raises(ValueError, match="burn_in must be an int >= 0, got -1"):
+        SequenceStartStates(RecurrentActor(net), burn_in=-1)
+    memoryless = RecurrentActorCritic(OBS, ACT, hidden_size=3, recurrence="none")
+    with pytest.raises(ValueError, match="has no recurrent state"):
+        SequenceStartStates(RecurrentActor(memoryless))
+    td = TensorDict(
+        {
+            "observation": torch.randn(2, 4, 2),
+            "is_init": torch.zeros(2, 4, 1, dtype=torch.bool),
+            "recurrent_state_h": torch.zeros(2, 4, 1, 3),
+            "recurrent_state_c": torch.zeros(2, 4, 1, 3),
+            "next": {"done": torch.zeros(2, 4, 1, dtype=torch.bool)},
+        },
+        batch_size=[2, 4],
+    )
+    with pytest.raises(KeyError, match="sequence_offset"):
+        SequenceStartStates(RecurrentActor(net), start_state="zero")(td)
+    chunked = SequenceChunker(sequence_length=2)(EpisodeSplitter()(td))
+    padded = SequencePadder()(chunked)
+    with pytest.raises(ValueError, match="all the padded sequences of one rollout"):
+        SequenceStartStates(RecurrentActor(net))(padded[:2])
+    with pytest.raises(KeyError, match="episode_id"):
+        SequenceStartStates(RecurrentActor(net), burn_in=2)(padded.exclude("episode_id"))
