@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from rppo_td.envs._memory_gym import register_memory_gym
 from rppo_td.envs._poc_memory import POC_MEMORY_ID
 
 __all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register_envs"]
@@ -88,3 +89,4 @@ def register_envs() -> None:
             entry_point="rppo_td.envs._poc_memory:PocMemory",
             max_episode_steps=32,
         )
+    register_memory_gym()
