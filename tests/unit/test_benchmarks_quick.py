@@ -70,3 +70,13 @@ def test_update_quick() -> None:
         assert {"padded", "packed"} <= result["times"].keys()
         assert result["faster"] in ("padded", "packed")
         assert result["max_abs_grad_difference"] < 1e-4
+
+
+@pytest.mark.slow
+def test_memory_suite_quick() -> None:
+    data = run_quick("memory_suite.py", "test_memory_suite_quick")
+    (run,) = data["runs"].values()
+    assert run["returncode"] == 0, run.get("error")
+    assert run["overrides"]["start-state"] == "refreshed"
+    assert run["env_steps"] == 1024 and run["curve"]
+    assert {"eval_return", "steps_to_target", "train_s", "load_before"} <= run.keys()

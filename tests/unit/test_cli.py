@@ -105,6 +105,10 @@ def test_config_file_then_flags(tmp_path):
             ],
             "num_minibatches=5 can exceed the sequences of a rollout",
         ),
+        (["--start-state", "fresh"], "invalid choice: 'fresh'"),
+        (["--burn-in", "-1"], "burn_in must be"),
+        (["--recurrence", "none", "--burn-in", "4"], "burn_in=4 need a recurrent core"),
+        (["--recurrence", "none", "--start-state", "zero"], "need a recurrent core"),
     ],
 )
 def test_bad_values_give_clear_errors(capsys, argv, message):

@@ -1,0 +1,465 @@
+"""Memory benchmark suite: the trainer on memory tasks, with seeds, and the start-state ablation.
+
+Runs `rppo-train` (each run its own process, `--threads 1`, up to `--jobs` at once) and keeps
+every finished run in a JSON file (`benchmarks/results/memory_suite.json` by default), keyed by
+its settings, so the suite can be run in parts and a rerun skips what is done (`--rerun`
+repeats it). `--report` turns the JSON into the "Memory suite" section of `docs/results.md`
+(between its markers) and the figures in `docs/assets/`:
+
+- the task table: per task, the final deterministic evaluation (mean, spread over seeds), and
+  the env steps and wall-clock at which the training return (mean of the last 20 episodes)
+  first reached the task's target;
+- learning curves per task: the seeds' mean training return with a min-max band;
+- the ablation: start state (stored / refreshed / zero) x sequence length (4, 8, 16, 32,
+  whole rollout fragment) x burn-in (0, K), 3 seeds each, on the ablation tasks.
+
+    python benchmarks/memory_suite.py --tasks poc-memory cartpole-novel --seeds 0 1 2
+    python benchmarks/memory_suite.py --ablation poc-memory --seeds 0 1 2 --jobs 2
+    python benchmarks/memory_suite.py --report
+    python benchmarks/memory_suite.py --quick --output test   # one short run, for CI
+
+Wall-clock figures depend on what else runs on the machine; the load average is recorded with
+each run. Nothing here fails on a target: the script reports (exit status 1 only if a run
+crashed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+DOCS = REPO / "docs"
+MARK_START, MARK_END = "<!-- memory-suite:start -->", "<!-- memory-suite:end -->"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task of the suite: its preset, its target and budget (the issue's)."""
+
+    name: str
+    preset: str
+    target: float
+    budget: int
+    extra: str = ""  # the optional dependency it needs, if any
+
+
+TASKS = {
+    task.name: task
+    for task in (
+        Task("poc-memory", "poc-memory", 1.0, 30_000),
+        Task("cartpole-novel", "cartpole-novel", 475.0, 100_000),
+        Task("pendulum-novel", "pendulum-novel", -200.0, 150_000),
+        Task("minigrid-memory-s9", "minigrid-memory-s9", 0.9, 600_000, extra="minigrid"),
+    )
+}
+START_STATES = ("stored", "refreshed", "zero")
+SEQUENCE_LENGTHS = ("4", "8", "16", "32", "whole")
+BURN_IN = 4
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: a task, a seed and flags over the task's preset."""
+
+    task: str
+    seed: int
+    overrides: tuple[tuple[str, str], ...] = ()
+    total_steps: int | None = None
+
+    @property
+    def key(self) -> str:
+        flags = " ".join(f"--{k} {v}" for k, v in self.overrides)
+        steps = f" --total-steps {self.total_steps}" if self.total_steps else ""
+        return f"{self.task} seed={self.seed}{steps}{' ' if flags else ''}{flags}"
+
+
+@dataclass
+class Suite:
+    """The JSON file of finished runs."""
+
+    path: Path
+    runs: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> Suite:
+        runs = json.loads(path.read_text())["runs"] if path.exists() else {}
+        return cls(path, runs)
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"environment": environment(), "runs": self.runs}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+
+
+def environment() -> dict:
+    import torch
+    import torchrl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchrl": torchrl.__version__,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def _sequence_flags(length: str, rollout_steps: int) -> tuple[tuple[str, str], ...]:
+    # "whole": sequences are whole episode fragments of the rollout (they are cut at its ends)
+    value = str(rollout_steps) if length == "whole" else length
+    return (("sequence-length", value),)
+
+
+def preset_value(preset: str, name: str) -> int:
+    """An integer setting of a preset (the TrainConfig default when the preset omits it)."""
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    values = load_yaml(preset, preset=True)
+    return int(values.get(name, getattr(TrainConfig(), name)))
+
+
+def sequence_columns(task: str) -> list[str]:
+    """The ablation's lengths for a task: those shorter than its rollout, then ``whole``.
+
+    ``whole`` is the rollout length ``T``; a length ``>= T`` is the same setting (sequences
+    are cut at the rollout's ends), so it is not run twice.
+    """
+    rollout_steps = preset_value(TASKS[task].preset, "rollout_steps")
+    numeric = [x for x in SEQUENCE_LENGTHS if x != "whole" and int(x) < rollout_steps]
+    return [*numeric, "whole"]
+
+
+def ablation_runs(task: str, seeds: list[int], total_steps: int | None) -> list[Run]:
+    rollout_steps = preset_value(TASKS[task].preset, "rollout_steps")
+    runs = []
+    for start in START_STATES:
+        for length in sequence_columns(task):
+            for burn in (0, BURN_IN):
+                flags = (
+                    ("start-state", start),
+                    *_sequence_flags(length, rollout_steps),
+                    ("burn-in", str(burn)),
+                )
+                runs += [Run(task, seed, flags, total_steps) for seed in seeds]
+    return runs
+
+
+def run_one(run: Run, workdir: Path) -> dict:
+    task = TASKS[run.task]
+    out = workdir / f"run-{abs(hash(run.key))}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "rppo_td.train", "--preset", task.preset]
+    cmd += ["--seed", str(run.seed), "--output", str(out), "--threads", "1"]
+    cmd += ["--no-progress", "--log-level", "WARNING"]
+    if run.total_steps:
+        cmd += ["--total-steps", str(run.total_steps)]
+    for name, value in run.overrides:
+        cmd += [f"--{name}", value]
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    process_s = time.perf_counter() - start
+    result: dict = {
+        "task": run.task,
+        "seed": run.seed,
+        "overrides": dict(run.overrides),
+        "command": " ".join(cmd[2:]),
+        "returncode": proc.returncode,
+        "process_s": round(process_s, 2),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if proc.returncode != 0:
+        result["error"] = (proc.stdout + proc.stderr)[-2000:]
+        return result
+    summary = json.loads((out / "summary.json").read_text())
+    curve = read_curve(out / "metrics.csv")
+    result.update(
+        eval_return=summary["eval_return_mean"],
+        eval_std=summary["eval_return_std"],
+        env_steps=summary["env_steps"],
+        train_s=round(summary["wall_time_s"], 2),
+        curve=curve,
+    )
+    result.update(first_reach(curve, task.target))
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def read_curve(path: Path) -> list[list[float]]:
+    """``[[env_steps, wall_time_s, episode_return_mean], ...]`` (rows with a return)."""
+    rows = []
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            value = row.get("episode_return_mean", "")
+            if value not in ("", "nan"):
+                rows.append(
+                    [int(row["env_steps"]), round(float(row["wall_time_s"]), 2), float(value)]
+                )
+    return rows
+
+
+def first_reach(curve: list[list[float]], target: float) -> dict:
+    for steps, wall, value in curve:
+        if value >= target:
+            return {"steps_to_target": steps, "seconds_to_target": wall}
+    return {"steps_to_target": None, "seconds_to_target": None}
+
+
+def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
+    todo = [run for run in runs if rerun or run.key not in suite.runs]
+    print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {suite.path.name}", flush=True)
+    failures = 0
+    with (
+        tempfile.TemporaryDirectory(prefix="memory_suite_") as tmp,
+        ThreadPoolExecutor(jobs) as pool,
+    ):
+        futures = {pool.submit(run_one, run, Path(tmp)): run for run in todo}
+        for i, future in enumerate(futures, 1):
+            run = futures[future]
+            result = future.result()
+            suite.runs[run.key] = result
+            suite.save()
+            failures += result["returncode"] != 0
+            print(f"[{i}/{len(todo)}] {run.key}: {_line(result)}", flush=True)
+    return failures
+
+
+def _line(result: dict) -> str:
+    if result["returncode"]:
+        return "FAILED " + result.get("error", "")[-300:]
+    reach = result["steps_to_target"]
+    return (
+        f"eval {result['eval_return']:.3g} +- {result['eval_std']:.2g}, target at "
+        f"{reach if reach is not None else '-'} steps, {result['train_s']:.0f} s "
+        f"(load {result['load_before']:.1f})"
+    )
+
+
+# ---- the report ---------------------------------------------------------------------------------
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.3g}"
+    return f"{mean:.3g} ({min(values):.3g} to {max(values):.3g})"
+
+
+def _median_or_dash(values: list, fmt: str) -> str:
+    real = [v for v in values if v is not None]
+    if not real:
+        return "-"
+    return format(statistics.median(real), fmt)
+
+
+def task_table(suite: Suite) -> list[str]:
+    lines = [
+        "| task | target | budget | seeds | final eval: mean (min to max) | reached target "
+        "(training return) | median env steps to target | median s to target | median run s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task in TASKS.values():
+        results = [r for r in suite.runs.values() if r["task"] == task.name and not r["overrides"]]
+        results = [r for r in results if r["returncode"] == 0]
+        if not results:
+            continue
+        results.sort(key=lambda r: r["seed"])
+        evals = [r["eval_return"] for r in results]
+        reached = sum(r["steps_to_target"] is not None for r in results)
+        per_seed = ", ".join(f"s{r['seed']}: {r['eval_return']:.3g}" for r in results)
+        lines.append(
+            f"| {task.name} | {task.target:g} | {task.budget:,} | {len(results)} | "
+            f"{_spread(evals)} [{per_seed}] | {reached}/{len(results)} | "
+            f"{_median_or_dash([r['steps_to_target'] for r in results], ',')} | "
+            f"{_median_or_dash([r['seconds_to_target'] for r in results], '.0f')} | "
+            f"{statistics.median(r['train_s'] for r in results):.0f} |"
+        )
+    return lines
+
+
+def ablation_table(suite: Suite, task: str) -> list[str]:
+    cells: dict[tuple[str, str, str], list[dict]] = {}
+    for r in suite.runs.values():
+        o = r["overrides"]
+        if r["task"] != task or r["returncode"] != 0:
+            continue
+        if not {"start-state", "sequence-length", "burn-in"} <= o.keys():
+            continue
+        cells.setdefault((o["start-state"], o["sequence-length"], o["burn-in"]), []).append(r)
+    if not cells:
+        return []
+    target = TASKS[task].target
+    lines = [
+        f"**{task}** (target {target:g}; each cell: final eval mean over seeds, and median "
+        "env steps at which the training return first reached the target, `-` if a seed "
+        "never did; rows: start state and burn-in, columns: sequence length)",
+        "",
+    ]
+    rollout_steps = str(preset_value(TASKS[task].preset, "rollout_steps"))
+    columns = sequence_columns(task)
+    header = [f"whole (= {rollout_steps})" if c == "whole" else c for c in columns]
+    lines += [
+        "| start state | burn-in | " + " | ".join(header) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    for start in START_STATES:
+        for burn in ("0", str(BURN_IN)):
+            row = []
+            for length in columns:
+                value = rollout_steps if length == "whole" else length
+                results = cells.get((start, value, burn), [])
+                if not results:
+                    row.append(" ")
+                    continue
+                evals = statistics.fmean(r["eval_return"] for r in results)
+                steps = [r["steps_to_target"] for r in results]
+                median = (
+                    "-"
+                    if any(s is None for s in steps)
+                    else f"{statistics.median(steps) / 1000:.0f}k"
+                )
+                row.append(f"{evals:.3g} / {median} (n={len(results)})")
+            lines.append(f"| {start} | {burn} | " + " | ".join(row) + " |")
+    return lines
+
+
+def plot_curves(suite: Suite) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = []
+    for task in TASKS.values():
+        results = [
+            r
+            for r in suite.runs.values()
+            if r["task"] == task.name and not r["overrides"] and r["returncode"] == 0
+        ]
+        if not results:
+            continue
+        grid = np.linspace(0, max(r["env_steps"] for r in results), 100)
+        curves = []
+        for r in results:
+            steps = np.array([row[0] for row in r["curve"]], dtype=float)
+            values = np.array([row[2] for row in r["curve"]], dtype=float)
+            curves.append(np.interp(grid, steps, values, left=np.nan))
+        stack = np.vstack(curves)
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        with np.errstate(all="ignore"):
+            ax.plot(grid, np.nanmean(stack, 0), label=f"mean of {len(results)} seeds")
+            ax.fill_between(grid, np.nanmin(stack, 0), np.nanmax(stack, 0), alpha=0.25)
+        ax.axhline(task.target, color="grey", linestyle="--", linewidth=1, label="target")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("training return (last 20 episodes)")
+        ax.set_title(task.name)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        name = f"memory_suite_{task.name}.png"
+        fig.savefig(DOCS / "assets" / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def report(suite: Suite, results_page: Path) -> None:
+    figures = plot_curves(suite)
+    env = environment()
+    lines = [
+        MARK_START,
+        "## Memory suite",
+        "",
+        f"`python benchmarks/memory_suite.py` (JSON: `{suite.path.relative_to(REPO)}`), on "
+        f"{env['machine']} with {env['cpus']} cores, Python {env['python']}, torch "
+        f"{env['torch']} (CPU), each run `--threads 1` with the task's preset; wall-clock is "
+        "the trainer's (collection and updates), and rises with the load of parallel runs "
+        "(recorded per run in the JSON). Steps and seconds to the target are read off the "
+        "training return (the mean of the last 20 episodes, stochastic policy); the final "
+        "eval is deterministic, over the preset's evaluation episodes.",
+        "",
+        *task_table(suite),
+        "",
+    ]
+    lines += [f"![{name}](assets/{name})" for name in figures]
+    ablations = [t for t in TASKS if ablation_table(suite, t)]
+    if ablations:
+        lines += [
+            "",
+            "### Ablation: start state x sequence length x burn-in",
+            "",
+            f"`--start-state` x `--sequence-length` x `--burn-in` (0 or {BURN_IN}) over each "
+            "task's preset; `whole` is the rollout length, so sequences are whole episode "
+            "fragments of the rollout.",
+            "",
+        ]
+        for task in ablations:
+            lines += [*ablation_table(suite, task), ""]
+    lines.append(MARK_END)
+    text = results_page.read_text() if results_page.exists() else "# Results\n"
+    block = "\n".join(lines)
+    if MARK_START in text:
+        head, rest = text.split(MARK_START, 1)
+        tail = rest.split(MARK_END, 1)[1] if MARK_END in rest else ""
+        text = head + block + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    results_page.write_text(text)
+    print(f"wrote {results_page.relative_to(REPO)} and {len(figures)} figure(s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", nargs="*", default=[], choices=sorted(TASKS))
+    parser.add_argument("--ablation", nargs="*", default=[], choices=sorted(TASKS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--ablation-steps", type=int, default=None, help="budget per run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
+    parser.add_argument("--rerun", action="store_true", help="rerun runs already recorded")
+    parser.add_argument("--report", action="store_true", help="write docs/results.md")
+    parser.add_argument("--quick", action="store_true", help="one short run (CI)")
+    parser.add_argument("--output", default="memory_suite", help="results/<output>.json")
+    args = parser.parse_args(argv)
+    suite = Suite.load(RESULTS / f"{args.output}.json")
+    if args.quick:
+        flags = (
+            ("start-state", "refreshed"),
+            ("sequence-length", "8"),
+            ("burn-in", str(BURN_IN)),
+            ("num-workers", "4"),
+        )
+        runs = [Run("poc-memory", 0, flags, 1024)]
+        failures = run_all(runs, suite, 1, rerun=True)
+        print("\n".join(ablation_table(suite, "poc-memory")))
+        return 1 if failures else 0
+    runs = [Run(task, seed) for task in args.tasks for seed in args.seeds]
+    for task in args.ablation:
+        runs += ablation_runs(task, args.seeds, args.ablation_steps)
+    failures = run_all(runs, suite, args.jobs, args.rerun) if runs else 0
+    if args.report:
+        report(suite, DOCS / "results.md")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

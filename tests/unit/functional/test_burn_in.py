@@ -1,0 +1,47 @@
+"""The burn-in index functions: examples and refusals (properties: tests/property)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps
+
+
+def test_episode_first_steps_restart_at_every_new_id():
+    ids = torch.tensor([[5, 5, 6, 6, 7], [0, 0, 0, 0, 0]])
+    assert episode_first_steps(ids).tolist() == [[0, 0, 2, 2, 4], [0, 0, 0, 0, 0]]
+
+
+def test_lengths_are_capped_by_the_episode_and_k():
+    start = torch.tensor([0, 3, 7, 7])
+    first = torch.tensor([0, 0, 5, 0])
+    assert burn_in_lengths(start, first, 4).tolist() == [0, 3, 2, 4]
+    assert burn_in_lengths(start, first, 0).tolist() == [0, 0, 0, 0]
+
+
+def test_window_is_right_aligned_and_in_range():
+    columns, active = burn_in_window(torch.tensor([2, 6]), torch.tensor([2, 0]), 3)
+    assert columns.tolist() == [[0, 0, 1], [3, 4, 5]]
+    assert active.tolist() == [[False, True, True], [False, False, False]]
+    empty_columns, empty_active = burn_in_window(torch.tensor([4]), torch.tensor([0]), 0)
+    assert empty_columns.shape == (1, 0) and empty_active.shape == (1, 0)
+
+
+@pytest.mark.parametrize("burn_in", [-1, 1.5, True, "4"])
+def test_bad_burn_in_is_named(burn_in):
+    with pytest.raises(ValueError, match=r"burn_in must be an int >= 0, got"):
+        burn_in_lengths(torch.tensor([1]), torch.tensor([0]), burn_in)
+
+
+def test_refusals_name_the_argument():
+    with pytest.raises(ValueError, match="'episode_id' must have dtype torch.int64"):
+        episode_first_steps(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="episode_id must have 2 dims"):
+        episode_first_steps(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="episode_first_step must be <= start_time"):
+        burn_in_lengths(torch.tensor([1]), torch.tensor([2]), 3)
+    with pytest.raises(ValueError, match="lengths must be in"):
+        burn_in_window(torch.tensor([1]), torch.tensor([2]), 3)
+    with pytest.raises(TypeError, match="start_time must be a torch.Tensor"):
+        burn_in_lengths([1], torch.tensor([0]), 3)
