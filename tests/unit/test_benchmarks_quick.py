@@ -80,3 +80,11 @@ def test_memory_suite_quick() -> None:
     assert run["overrides"]["start-state"] == "refreshed"
     assert run["env_steps"] == 1024 and run["curve"]
     assert {"eval_return", "steps_to_target", "train_s", "load_before"} <= run.keys()
+
+
+@pytest.mark.slow
+def test_start_states_quick() -> None:
+    data = run_quick("start_states.py", "test_start_states_quick")
+    assert {"stored", "refreshed", "zero", "refreshed + burn-in 4"} <= data["update"].keys()
+    assert data["update_ratios"]["stored"] == 1.0
+    assert data["refresh_speedup"] > 0
