@@ -56,6 +56,10 @@ class Config:
     """GAE lambda."""
     lr: float = 3e-4
     """Adam learning rate."""
+    start_state: str = "refreshed"
+    """Each sequence's start state before each epoch: stored, refreshed or zero."""
+    burn_in: int = 4
+    """Steps of the same episode run (no gradient, no loss) before each sequence."""
     seed: int = 0
     """Seeds torch, the environments and the minibatch order."""
 
@@ -125,6 +129,12 @@ def main(cfg: Config) -> None:
         rppo_td.SequenceChunker(sequence_length=cfg.sequence_length),
         rppo_td.SequencePadder(),
     )
+    # before each epoch: the start states from the LSTM as it is now (the stored ones go stale
+    # after the first epoch), warmed up by burn_in earlier steps of each sequence's episode.
+    # The actor and the critic share the LSTM, so its state keys are computed once.
+    start_states = rppo_td.SequenceStartStates(
+        [actor, critic], start_state=cfg.start_state, burn_in=cfg.burn_in
+    )
     sampler = rppo_td.SequenceSampler(
         cfg.num_minibatches, generator=torch.Generator().manual_seed(cfg.seed)
     )
@@ -173,7 +183,7 @@ def main(cfg: Config) -> None:
                 "  (N, Lp, layers, H); position 0 starts each sequence"
             )
         for _ in range(cfg.epochs):
-            for minibatch in sampler(padded):  # [B, Lp]
+            for minibatch in sampler(start_states(padded)):  # [B, Lp]
                 losses = loss_fn(minibatch)
                 loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                 optimizer.zero_grad()
