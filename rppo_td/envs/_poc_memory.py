@@ -30,6 +30,23 @@ _MIN_STEPS = _CELLS + 1  # the seed design's count, 1 / step + 1
 _TIME_PENALTY = 0.1
 _GOAL_REWARD = 1.0 + _TIME_PENALTY * _MIN_STEPS
 
+# the rgb_array frame: 2 * _CELLS + 1 cells of _PIXELS between margins, lamps, track, ticks
+_PIXELS = 32
+_MARGIN = 16
+_HEIGHT = 96
+_WIDTH = 2 * _MARGIN + (2 * _CELLS + 1) * _PIXELS
+_LAMP_ROWS = slice(8, 26)
+_TRACK_ROWS = slice(34, 62)
+_TICK_ROWS = slice(72, 84)
+_TICK_PITCH = 6
+_BACKGROUND = (250, 250, 250)
+_CELL = (215, 215, 215)
+_PAYS = (70, 170, 80)
+_PUNISHES = (205, 65, 55)
+_LAMP_OFF = (228, 228, 228)
+_AGENT = (40, 80, 200)
+_TICK = (90, 90, 90)
+
 
 class PocMemory(gym.Env):
     """The proof-of-concept memory task (see the module docstring).
@@ -41,10 +58,14 @@ class PocMemory(gym.Env):
         ((3,), 1.0, 0.0)
     """
 
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012 (gymnasium's)
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self) -> None:
+    def __init__(self, render_mode: str | None = None) -> None:
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.render_mode = render_mode
         self._cell = 0  # position = cell * 0.2, kept as an integer: no drift
         self._steps = 0
         self._right_pays = True
@@ -76,3 +97,36 @@ class PocMemory(gym.Env):
             return self._observation(), -_TIME_PENALTY, False, False, {}
         paid = (self._cell > 0) == self._right_pays
         return self._observation(), _GOAL_REWARD if paid else -_GOAL_REWARD, True, False, {}
+
+    def render(self) -> np.ndarray | None:  # type: ignore[override]
+        """The state as a ``[96, 384, 3]`` uint8 frame (``render_mode="rgb_array"``), else None.
+
+        Example:
+            >>> env = PocMemory(render_mode="rgb_array")
+            >>> _ = env.reset(seed=0)
+            >>> env.render().shape
+            (96, 384, 3)
+        """
+        if self.render_mode is None:
+            return None
+        frame = np.empty((_HEIGHT, _WIDTH, 3), dtype=np.uint8)
+        frame[:] = _BACKGROUND
+        ends = {-_CELLS: not self._right_pays, _CELLS: self._right_pays}  # cell -> pays
+        shown = self._steps < _SHOW_STEPS
+        for cell in range(-_CELLS, _CELLS + 1):
+            left = _MARGIN + (cell + _CELLS) * _PIXELS
+            colour = _CELL if cell not in ends else _PAYS if ends[cell] else _PUNISHES
+            frame[_TRACK_ROWS, left + 1 : left + _PIXELS - 1] = colour
+            if cell in ends:
+                lamp = (_PAYS if ends[cell] else _PUNISHES) if shown else _LAMP_OFF
+                frame[_LAMP_ROWS, left + 6 : left + _PIXELS - 6] = lamp
+        centre_x = _MARGIN + (self._cell + _CELLS) * _PIXELS + _PIXELS // 2
+        centre_y = (_TRACK_ROWS.start + _TRACK_ROWS.stop) // 2
+        rows, columns = np.ogrid[:_HEIGHT, :_WIDTH]
+        disk = (rows - centre_y) ** 2 + (columns - centre_x) ** 2 <= 10**2
+        frame[disk] = _AGENT
+        ticks = min(self._steps, (_WIDTH - 2 * _MARGIN) // _TICK_PITCH)
+        for tick in range(ticks):
+            left = _MARGIN + tick * _TICK_PITCH
+            frame[_TICK_ROWS, left : left + _TICK_PITCH - 2] = _TICK
+        return frame

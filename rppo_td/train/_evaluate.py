@@ -1,15 +1,24 @@
-"""Deterministic evaluation of an agent, and the ``rppo-eval`` command."""
+"""Deterministic evaluation of an agent, recording its episodes, and the ``rppo-eval`` command.
+
+``rppo-eval --video PATH`` writes the first evaluated episodes to a GIF or an MP4
+(docs/watching.md).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rppo_td.envs import EnvError, make_vector_env
@@ -18,13 +27,76 @@ from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._cli import ShortErrorParser
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._setup import build_agent
+from rppo_td.train._video import (
+    GIF_FPS_WHY,
+    GIF_MAX_FPS,
+    VideoWriter,
+    check_video_path,
+    default_fps,
+    headless_rendering,
+    make_render_env,
+    render_frame,
+)
 
-__all__ = ["MAX_EPISODES", "evaluate_agent", "main"]
+__all__ = ["MAX_EPISODES", "evaluate_agent", "main", "record_agent"]
 
 log = logging.getLogger(__name__)
 
 # evaluation runs one env per episode, all at once
 MAX_EPISODES = 10_000
+
+
+class _Policy:
+    """The agent's actor as evaluation runs it, on a batch of ``n`` envs.
+
+    The mode of the action distribution (or a sample), the recurrent state carried from step
+    to step and started afresh (``is_init``) where an episode begins, actions clipped into a
+    ``Box`` action space. ``evaluate_agent`` and ``record_agent`` both step envs through it, so a
+    video shows the policy that was evaluated.
+    """
+
+    def __init__(self, agent: RecurrentActorCritic, action_space: gym.Space, n: int) -> None:
+        self.agent = agent
+        self.actor = RecurrentActor(agent)
+        self.n = n
+        self.low_high = None
+        if isinstance(action_space, gym.spaces.Box):
+            self.low_high = (action_space.low, action_space.high)
+        self.td = TensorDict(batch_size=(n,))
+
+    def start(self, obs: Any) -> None:
+        """Every env begins an episode with the (batched) observation ``obs``."""
+        self.td = observation_to_tensordict(obs, self.agent.leaves, (self.n,))
+        self.td.set("is_init", torch.ones(self.n, 1, dtype=torch.bool))
+
+    def act(self) -> np.ndarray:
+        """The actions ``[n, ...]`` for the current observations."""
+        self.actor(self.td)
+        action = self.td.get("action").numpy()
+        if self.low_high is not None:
+            action = np.clip(action, *self.low_high)
+        return action
+
+    def advance(self, obs: Any, done: np.ndarray) -> None:
+        """Moves to the next observations; ``done`` ``[n]`` bool starts a new episode there."""
+        following = observation_to_tensordict(obs, self.agent.leaves, (self.n,))
+        for key in self.actor.state_keys:
+            following.set(key, self.td.get(("next", key)))
+        following.set("is_init", torch.as_tensor(done).view(-1, 1))
+        self.td = following
+
+
+@contextmanager
+def _acting(agent: RecurrentActorCritic, deterministic: bool) -> Iterator[None]:
+    """No gradients, eval mode, the mode (or samples) of the policy; restores the mode."""
+    was_training = agent.training
+    agent.eval()
+    kind = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+    try:
+        with torch.no_grad(), set_exploration_type(kind):
+            yield
+    finally:
+        agent.train(was_training)
 
 
 def evaluate_agent(
@@ -53,33 +125,18 @@ def evaluate_agent(
     start = time.perf_counter()
     env = make_vector_env(env_id, episodes)
     obs, _ = env.reset(seed=seed)
-    actor = RecurrentActor(agent)
-    td = observation_to_tensordict(obs, agent.leaves, (episodes,))
-    td.set("is_init", torch.ones(episodes, 1, dtype=torch.bool))
+    policy = _Policy(agent, env.single_action_space, episodes)
+    policy.start(obs)
     returns = np.zeros(episodes)
     running = np.ones(episodes, dtype=bool)
-    space = env.single_action_space
-    low_high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
-    was_training = agent.training
-    agent.eval()
-    kind = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
-    with torch.no_grad(), set_exploration_type(kind):
+    with _acting(agent, deterministic):
         while running.any():
-            actor(td)
-            action = td.get("action").numpy()
-            if low_high is not None:
-                action = np.clip(action, *low_high)
-            obs, reward, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(policy.act())
             returns += np.where(running, reward, 0.0)
             done = terminated | truncated
             running &= ~done
-            following = observation_to_tensordict(obs, agent.leaves, (episodes,))
-            for key in actor.state_keys:
-                following.set(key, td.get(("next", key)))
-            following.set("is_init", torch.as_tensor(done).view(-1, 1))
-            td = following
+            policy.advance(obs, done)
     env.close()
-    agent.train(was_training)
     return {
         "eval_return_mean": float(returns.mean()),
         "eval_return_std": float(returns.std()),
@@ -89,12 +146,127 @@ def evaluate_agent(
     }
 
 
+def _batch_of_one(obs: Any) -> Any:
+    """A single env's observation as a batch of one (dicts and tuples leaf by leaf)."""
+    if isinstance(obs, dict):
+        return {key: _batch_of_one(value) for key, value in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_batch_of_one(value) for value in obs)
+    return np.asarray(obs)[None]
+
+
+def record_agent(
+    agent: RecurrentActorCritic,
+    env: gym.Env,
+    writer: VideoWriter,
+    *,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    deterministic: bool = True,
+) -> tuple[list[float], list[int]]:
+    """Plays ``episodes`` episodes in one rendering env and writes their frames.
+
+    Episode ``i`` is seeded ``seed + i``, as env ``i`` of ``evaluate_agent``, and played by the
+    same policy (``_Policy``): deterministic, it is the episode that ``evaluate_agent`` scored.
+    An episode of ``n`` steps writes ``n + 1`` frames, after the reset and after each step
+    (the last shows the terminal or truncated state).
+
+    Args:
+        agent: the actor-critic (on CPU).
+        env: from ``make_render_env``.
+        writer: receives the frames; the caller closes it.
+        env_id: the env's id, for messages.
+        episodes: ``>= 1``.
+        seed: the first episode's seed.
+        deterministic: the mode of the policy (True) or samples.
+
+    Returns:
+        The episodes' returns and their lengths (steps); ``sum(length + 1)`` frames are written.
+    """
+    policy = _Policy(agent, env.action_space, 1)
+    shape = None
+    returns: list[float] = []
+    lengths: list[int] = []
+    with _acting(agent, deterministic):
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            policy.start(_batch_of_one(obs))
+            frame = render_frame(env, env_id, shape)
+            shape = frame.shape
+            total, steps, done = 0.0, 0, False
+            while not done:
+                obs, reward, terminated, truncated, _ = env.step(policy.act()[0])
+                total += float(reward)
+                steps += 1
+                done = bool(terminated or truncated)
+                writer.add(frame)
+                frame = render_frame(env, env_id, shape)
+                policy.advance(_batch_of_one(obs), np.array([done]))
+            writer.add(frame, last=True)
+            returns.append(total)
+            lengths.append(steps)
+    return returns, lengths
+
+
+def _evaluate_and_record(
+    agent: RecurrentActorCritic,
+    env_id: str,
+    args: argparse.Namespace,
+    path: Path,
+    episodes: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``evaluate_agent``, then ``record_agent`` of its first ``episodes`` into ``path``.
+
+    The render env is built and drawn once first, so an env that cannot give frames is refused
+    before the evaluation runs. Returns the evaluation and the ``video_*`` entries.
+    """
+    env = make_render_env(env_id)
+    try:
+        env.reset(seed=args.seed)
+        render_frame(env, env_id)
+        fps = default_fps(env, path.suffix.lower()) if args.fps is None else args.fps
+        writer = VideoWriter(path, fps=fps)
+        result = evaluate_agent(
+            agent, env_id, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic
+        )
+        try:
+            returns, lengths = record_agent(
+                agent,
+                env,
+                writer,
+                env_id=env_id,
+                episodes=episodes,
+                seed=args.seed,
+                deterministic=not args.stochastic,
+            )
+            writer.close()
+        except BaseException:
+            writer.discard()
+            raise
+    finally:
+        env.close()
+    log.info("wrote %s: %d episodes, %d frames at %d fps", path, episodes, writer.frames, fps)
+    video = {
+        "video": str(path),
+        "video_episodes": episodes,
+        "video_frames": writer.frames,
+        "video_fps": fps,
+        "video_returns": returns,
+        "video_lengths": lengths,
+    }
+    return result, video
+
+
 def main(argv: list[str] | None = None) -> int:
     """``rppo-eval --checkpoint PATH --episodes N``: prints the evaluation as JSON.
 
     Reads only ``checkpoint.pt``, with ``torch.load(weights_only=True)``: a crafted file cannot
     run code, and the pickled env copies beside it are never read. A bad checkpoint, setting
     or env is one line on stderr and exit status 2.
+
+    ``--video PATH`` also records the first ``--video-episodes`` evaluated episodes (the same
+    seeds and policy) in one rendering env, to a GIF or an MP4 chosen by PATH's suffix.
     """
     parser = ShortErrorParser(prog="rppo-eval", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or its run directory")
@@ -103,6 +275,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=10_000, help="env seed (default 10000)")
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
+    parser.add_argument(
+        "--video",
+        metavar="PATH",
+        help="also record episodes to PATH, a .gif (Pillow) or an .mp4 (needs imageio-ffmpeg: "
+        "pip install 'rppo_td[video]'), in a separate env with render_mode='rgb_array'; "
+        "missing directories are created and an existing file is overwritten. An episode of "
+        "n steps is n + 1 frames (after the reset and each step); a GIF holds each episode's "
+        "last frame for 1 s",
+    )
+    parser.add_argument(
+        "--video-episodes",
+        type=int,
+        metavar="N",
+        help="record the first N evaluated episodes (seeds SEED to SEED+N-1; played again by "
+        "the same policy: the same episodes, or with --stochastic new samples) (default 1)",
+    )
+    parser.add_argument(
+        "--fps",
+        type=int,
+        help=f"frames per second of the video (default: the env's render_fps, else 30; a GIF "
+        f"at most {GIF_MAX_FPS})",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.episodes <= MAX_EPISODES:
         parser.error(
@@ -110,8 +304,25 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.video is None:
+        for flag, value in (("--video-episodes", args.video_episodes), ("--fps", args.fps)):
+            if value is not None:
+                parser.error(f"{flag} needs --video PATH")
+    video_episodes = 1 if args.video_episodes is None else args.video_episodes
+    if not 1 <= video_episodes <= args.episodes:
+        parser.error(
+            f"--video-episodes must be in [1, --episodes = {args.episodes}] (it records "
+            f"evaluated episodes), got {video_episodes}"
+        )
+    if args.fps is not None and args.fps < 1:
+        parser.error(f"--fps must be >= 1, got {args.fps}")
+    gif = args.video is not None and Path(args.video).suffix.lower() == ".gif"
+    if gif and args.fps is not None and args.fps > GIF_MAX_FPS:
+        parser.error(f"--fps must be <= {GIF_MAX_FPS} for a GIF, got {args.fps}: {GIF_FPS_WHY}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    video: dict[str, Any] = {}
     try:
+        path = check_video_path(args.video) if args.video is not None else None
         data = load_checkpoint(args.checkpoint)
         where = f"the config in the checkpoint {args.checkpoint!r}"
         config = TrainConfig.from_dict(data["config"], where=where)
@@ -124,13 +335,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"the model in {args.checkpoint!r} does not fit the agent its config builds "
                 f"({str(err).splitlines()[0][:200]})"
             ) from None
-        result = evaluate_agent(
-            agent,
-            config.env,
-            episodes=args.episodes,
-            seed=args.seed,
-            deterministic=not args.stochastic,
-        )
+        if path is None:
+            result = evaluate_agent(
+                agent,
+                config.env,
+                episodes=args.episodes,
+                seed=args.seed,
+                deterministic=not args.stochastic,
+            )
+        else:
+            with headless_rendering():
+                result, video = _evaluate_and_record(agent, config.env, args, path, video_episodes)
     except (ValueError, KeyError, EnvError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         parser.exit(2, f"rppo-eval: error: {message}\n")
@@ -141,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         env_steps=counters["env_steps"],
         wall_time_s=counters["wall_time_s"],
         fps=counters["env_steps"] / max(counters["wall_time_s"], 1e-9),
+        **video,
     )
     print(json.dumps(result, indent=2))  # noqa: T201 (the command's output)
     return 0

@@ -1,0 +1,338 @@
+"""Frames of an env for ``rppo-eval --video``: the render env, its checks, GIF and MP4 writers.
+
+The recording itself (the agent stepping the env) is ``rppo_td.train._evaluate``'s; this module
+knows envs and files, not agents. A video is a sequence of ``[H, W, 3]`` uint8 frames, every
+frame of one size; an episode of ``n`` steps gives ``n + 1`` of them (after the reset and after
+each step), and the episodes follow each other in one file.
+
+A ``.gif`` is written with Pillow (a dependency of matplotlib, so always there); each episode's
+last frame stays up for ``GIF_HOLD_S`` seconds so that episodes are told apart, and GIF
+merges identical consecutive frames into one (their time is kept). An ``.mp4`` (H.264) is
+written with ``imageio-ffmpeg`` (``pip install 'rppo_td[video]'``), every frame ``1 / fps``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.registration import load_env_creator
+
+from rppo_td.envs import EnvError, make_env, resolve_env_id
+
+__all__ = [
+    "GIF_FPS_WHY",
+    "GIF_HOLD_S",
+    "GIF_MAX_FPS",
+    "VIDEO_SUFFIXES",
+    "VideoWriter",
+    "check_video_path",
+    "default_fps",
+    "headless_rendering",
+    "make_render_env",
+    "render_frame",
+]
+
+VIDEO_SUFFIXES = (".gif", ".mp4")
+# GIF frame times are whole hundredths of a second, and browsers slow frames under 0.02 s
+GIF_MAX_FPS = 50
+GIF_FPS_WHY = "its frame times are whole hundredths of a second (an .mp4 takes any fps)"
+GIF_HOLD_S = 1.0
+_DEFAULT_FPS = 30
+_MP4_INSTALL = "pip install 'rppo_td[video]' (or pip install imageio-ffmpeg)"
+_PYGAME_INSTALL = "pip install pygame-ce (or pip install 'gymnasium[classic-control]')"
+
+
+def check_video_path(path: str | os.PathLike[str]) -> Path:
+    """Checks a video path before anything runs: its suffix, and the MP4 writer where needed.
+
+    Args:
+        path: ends in ``.gif`` or ``.mp4`` (any case); a missing directory is created when
+            the video is written, an existing file is overwritten.
+
+    Returns:
+        The path.
+
+    Raises:
+        ValueError: another suffix, a directory, or an ``.mp4`` without ``imageio-ffmpeg``.
+
+    Example:
+        >>> check_video_path("runs/poc.gif").suffix
+        '.gif'
+    """
+    out = Path(path)
+    suffix = out.suffix.lower()
+    if suffix not in VIDEO_SUFFIXES:
+        raise ValueError(
+            f"--video {str(path)!r}: the suffix must be .gif or .mp4 (it chooses the format), "
+            f"got {out.suffix or 'none'!r}"
+        )
+    if out.is_dir():
+        raise ValueError(f"--video {str(path)!r} is a directory; give a file name")
+    existing = out.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"--video {str(path)!r}: cannot create the file under {str(existing)!r} "
+            "(not a writable directory)"
+        )
+    if suffix == ".mp4":
+        _ffmpeg()
+    return out
+
+
+def _ffmpeg() -> Any:
+    try:
+        import imageio_ffmpeg
+    except ImportError:
+        raise ValueError(f"writing an .mp4 needs imageio-ffmpeg: {_MP4_INSTALL}") from None
+    return imageio_ffmpeg
+
+
+def _declared_render_modes(name: str) -> list[str] | None:
+    """The render modes the env's entry point declares in its ``metadata``, if it does."""
+    entry_point = gym.spec(name).entry_point
+    try:
+        creator = entry_point if callable(entry_point) else load_env_creator(str(entry_point))
+    except Exception:  # make_env reports an entry point that does not load
+        return None
+    metadata = getattr(creator, "metadata", None)
+    modes = metadata.get("render_modes") if isinstance(metadata, dict) else None
+    return list(modes) if modes is not None else None
+
+
+def make_render_env(env_id: str) -> gym.Env:
+    """``make_env(env_id, render_mode="rgb_array")``, refused where it cannot give frames.
+
+    The env is the whole env, as ``make_env`` builds it: a wrapper that masks observations
+    (``rppo_td/CartPoleNoVel-v1``) still renders the full state.
+
+    Args:
+        env_id: see ``rppo_td.envs.resolve_env_id``.
+
+    Returns:
+        The env, ``render_mode == "rgb_array"``.
+
+    Raises:
+        ValueError: the env declares no ``rgb_array`` mode, takes no ``render_mode``, or
+            ignores it (the message names the env and the modes it has), or a bad id.
+
+    Example:
+        >>> make_render_env("rppo_td/PocMemory-v0").render_mode
+        'rgb_array'
+    """
+    name = resolve_env_id(env_id)
+    modes = _declared_render_modes(name)
+    if modes is not None and "rgb_array" not in modes:
+        raise ValueError(_no_frames(name, modes))
+    try:
+        env = make_env(env_id, render_mode="rgb_array")
+    except EnvError as err:
+        if isinstance(err.__cause__, TypeError) and "render_mode" in str(err.__cause__):
+            raise ValueError(_no_frames(name, [])) from None
+        raise
+    if env.render_mode != "rgb_array":
+        env.close()
+        raise ValueError(_no_frames(name, list(env.metadata.get("render_modes", []))))
+    return env
+
+
+def _no_frames(name: str, modes: list[str]) -> str:
+    has = f"its render modes are {modes}" if modes else "it has no render modes"
+    return f"env {name!r} cannot record a video: --video needs render_mode 'rgb_array', {has}"
+
+
+def render_frame(env: gym.Env, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """``env.render()`` checked: an ``[H, W, 3]`` uint8 frame (an alpha channel is dropped).
+
+    Args:
+        env: from ``make_render_env``, after ``reset``.
+        name: the env id, for messages.
+        shape: the first frame's ``(H, W, 3)``; every later frame must match it.
+
+    Returns:
+        The frame, ``[H, W, 3]`` uint8.
+
+    Raises:
+        ValueError: a package the renderer needs is missing (naming it), or the frame is not
+            an ``[H, W, 3]``/``[H, W, 4]`` uint8 array, or changes size.
+        EnvError: ``render()`` raised.
+
+    Example:
+        >>> env = make_render_env("rppo_td/PocMemory-v0")
+        >>> _ = env.reset(seed=0)
+        >>> render_frame(env, "rppo_td/PocMemory-v0").shape
+        (96, 384, 3)
+    """
+    try:
+        frame = env.render()
+    except gym.error.DependencyNotInstalled as err:
+        hint = f"; with pygame-ce installed here: {_PYGAME_INSTALL}" if "pygame" in str(err) else ""
+        raise ValueError(f"env {name!r} cannot render frames: {err}{hint}") from None
+    except Exception as err:
+        raise EnvError(f"env {name!r}: render() raised {type(err).__name__}: {err}") from err
+    if not (
+        isinstance(frame, np.ndarray)
+        and frame.dtype == np.uint8
+        and frame.ndim == 3
+        and frame.shape[2] in (3, 4)
+    ):
+        got = (
+            f"an array of shape {frame.shape} and dtype {frame.dtype}"
+            if isinstance(frame, np.ndarray)
+            else type(frame).__name__
+        )
+        raise ValueError(
+            f"env {name!r}: render() returned {got}, expected an [H, W, 3] uint8 frame"
+        )
+    frame = frame[..., :3]
+    if shape is not None and frame.shape != shape:
+        raise ValueError(
+            f"env {name!r}: render() changed the frame size from {shape} to {frame.shape}"
+        )
+    return frame
+
+
+@contextmanager
+def headless_rendering() -> Iterator[None]:
+    """``SDL_VIDEODRIVER=dummy`` inside, unless it is set: SDL needs no display to draw frames.
+
+    pygame-based renderers (gymnasium's CartPole) initialise SDL's display even for
+    ``rgb_array``; on a machine without one, SDL's default driver prints errors or fails.
+    """
+    previous = os.environ.get("SDL_VIDEODRIVER")
+    if previous:
+        yield
+        return
+    os.environ["SDL_VIDEODRIVER"] = "dummy"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("SDL_VIDEODRIVER", None)
+        else:
+            os.environ["SDL_VIDEODRIVER"] = previous
+
+
+def default_fps(env: gym.Env, suffix: str) -> int:
+    """The env's ``metadata["render_fps"]`` (30 if it has none), at most 50 for a GIF."""
+    fps = env.metadata.get("render_fps") or _DEFAULT_FPS
+    fps = max(1, round(float(fps)))
+    return min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps
+
+
+class VideoWriter:
+    """Writes ``[H, W, 3]`` uint8 frames to a GIF or an MP4, chosen by the path's suffix.
+
+    Frames go to a hidden ``.<name>.partial<suffix>`` beside the path, which ``close``
+    renames over the path (an existing file is replaced), so a failed recording leaves no
+    half file; ``discard`` removes it. Missing directories are created.
+
+    Args:
+        path: from ``check_video_path``.
+        fps: frames per second, ``>= 1`` (``<= 50`` for a GIF).
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> writer = VideoWriter(Path(folder) / "grey.gif", fps=10)
+        >>> for value in (0, 128, 255):
+        ...     writer.add(np.full((8, 16, 3), value, dtype=np.uint8), last=value == 255)
+        >>> writer.close().stat().st_size > 0
+        True
+    """
+
+    def __init__(self, path: Path, *, fps: int) -> None:
+        self.path = check_video_path(path)
+        self.suffix = self.path.suffix.lower()
+        if fps < 1:
+            raise ValueError(f"fps must be >= 1, got {fps}")
+        if self.suffix == ".gif" and fps > GIF_MAX_FPS:
+            raise ValueError(f"fps must be <= {GIF_MAX_FPS} for a GIF, got {fps}: {GIF_FPS_WHY}")
+        self.fps = fps
+        self.frames = 0
+        self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")
+        self._gif: list[Any] = []  # Pillow palette images
+        self._durations: list[int] = []
+        self._mp4: Any = None
+
+    def add(self, frame: np.ndarray, *, last: bool = False) -> None:
+        """Appends one ``[H, W, 3]`` uint8 frame; ``last`` marks an episode's last frame."""
+        if self.suffix == ".gif":
+            from PIL import Image
+
+            self._gif.append(Image.fromarray(frame).convert("P", palette=Image.Palette.ADAPTIVE))
+            hold = GIF_HOLD_S if last else 0.0
+            self._durations.append(round(1000 * max(1.0 / self.fps, hold)))
+        else:
+            self._add_mp4(frame)
+        self.frames += 1
+
+    def _add_mp4(self, frame: np.ndarray) -> None:
+        # H.264 in yuv420p needs even sides: pad with the edge row or column
+        frame = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), "edge")
+        if self._mp4 is None:
+            try:
+                self._partial.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as err:
+                raise ValueError(f"cannot write the video {str(self.path)!r}: {err}") from err
+            self._mp4 = _ffmpeg().write_frames(
+                str(self._partial),
+                (frame.shape[1], frame.shape[0]),
+                fps=self.fps,
+                codec="libx264",
+                macro_block_size=2,
+                output_params=["-f", "mp4"],
+            )
+            self._mp4.send(None)
+        self._mp4.send(np.ascontiguousarray(frame))
+
+    def close(self) -> Path:
+        """Finishes the file and puts it at ``path``; returns ``path``.
+
+        Raises:
+            ValueError: nothing was added, or the file cannot be written (naming it).
+        """
+        if self.frames == 0:
+            raise ValueError("no frames to write")
+        try:
+            self._finish()
+        except OSError as err:
+            raise ValueError(f"cannot write the video {str(self.path)!r}: {err}") from err
+        return self.path
+
+    def _finish(self) -> None:
+        try:
+            if self.suffix == ".gif":
+                self._partial.parent.mkdir(parents=True, exist_ok=True)
+                first, *rest = self._gif
+                first.save(
+                    self._partial,
+                    format="GIF",
+                    save_all=True,
+                    append_images=rest,
+                    duration=self._durations,
+                    loop=0,
+                )
+                self._gif, self._durations = [], []
+            else:
+                self._mp4.close()
+                self._mp4 = None
+            os.replace(self._partial, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Drops the frames and the partial file."""
+        if self._mp4 is not None:
+            self._mp4.close()
+            self._mp4 = None
+        self._gif, self._durations = [], []
+        self._partial.unlink(missing_ok=True)

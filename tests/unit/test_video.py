@@ -1,0 +1,257 @@
+"""``rppo-eval --video``: recorded episodes, their frames, and the refusals."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from PIL import Image, ImageSequence
+
+from rppo_td.envs import POC_MEMORY_ID, EnvError, PocMemory
+from rppo_td.evaluate import main as eval_main
+from rppo_td.train import _evaluate
+from rppo_td.train import main as train_main
+from rppo_td.train._video import (
+    VideoWriter,
+    check_video_path,
+    make_render_env,
+    render_frame,
+)
+
+
+def _train(directory, env: str) -> str:
+    argv = ["--preset", "smoke", "--env", env, "--threads", "1", "--output", str(directory)]
+    assert train_main(argv) == 0
+    return str(directory / "checkpoint.pt")
+
+
+@pytest.fixture(scope="module")
+def poc_checkpoint(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("runs") / "poc", POC_MEMORY_ID)
+
+
+def _eval(capsys, *argv: str) -> dict:
+    capsys.readouterr()
+    assert eval_main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _refused(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        eval_main(list(argv))
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def _gif_frames(path) -> tuple[list[np.ndarray], list[int]]:
+    with Image.open(path) as image:
+        frames = [np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(image)]
+        image.seek(0)
+        durations = [f.info["duration"] for f in ImageSequence.Iterator(image)]
+    return frames, durations
+
+
+def test_gif_holds_steps_plus_one_frames_per_episode_of_the_evaluated_policy(
+    poc_checkpoint, tmp_path, capsys
+):
+    out = tmp_path / "new" / "folder" / "poc.gif"  # missing directories are created
+    result = _eval(
+        capsys,
+        *("--checkpoint", poc_checkpoint, "--episodes", "4", "--video", str(out)),
+        *("--video-episodes", "3", "--fps", "5"),
+    )
+    lengths = result["video_lengths"]
+    assert result["video_episodes"] == 3 and len(lengths) == 3
+    assert all(1 <= n <= 32 for n in lengths)
+    assert result["video_frames"] == sum(n + 1 for n in lengths)
+    # deterministic: the recorded episodes are the first evaluated ones, seed for seed
+    np.testing.assert_allclose(result["video_returns"], result["eval_returns"][:3])
+    frames, durations = _gif_frames(out)
+    assert len(frames) == result["video_frames"]
+    assert {f.shape for f in frames} == {(96, 384, 3)}
+    # 1/5 s a frame, each episode's last frame held for 1 s
+    ends = np.cumsum([n + 1 for n in lengths]) - 1
+    assert [durations[i] for i in ends] == [1000] * 3
+    assert sorted(set(np.delete(durations, ends))) == [200]
+    # the first frame is the env's own render after the first evaluated reset
+    env = PocMemory(render_mode="rgb_array")
+    env.reset(seed=10_000)
+    np.testing.assert_array_equal(frames[0], env.render())
+    assert not list(out.parent.glob(".*partial*"))
+
+
+def test_an_existing_file_is_overwritten_and_one_episode_is_the_default(
+    poc_checkpoint, tmp_path, capsys
+):
+    out = tmp_path / "poc.GIF"
+    out.write_bytes(b"old")
+    result = _eval(
+        capsys, "--checkpoint", poc_checkpoint, "--episodes", "2", "--video", str(out),
+        "--stochastic",
+    )  # fmt: skip
+    assert result["video_episodes"] == 1 and result["video_fps"] == 4  # PocMemory's render_fps
+    assert len(_gif_frames(out)[0]) == result["video_lengths"][0] + 1
+
+
+def test_a_failed_recording_keeps_the_old_file(poc_checkpoint, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "poc.gif"
+    out.write_bytes(b"old")
+
+    def failing(agent, env, writer, **kwargs):
+        env.reset(seed=0)
+        writer.add(render_frame(env, POC_MEMORY_ID))
+        raise EnvError("env 'rppo_td/PocMemory-v0': step() raised RuntimeError: broken")
+
+    monkeypatch.setattr(_evaluate, "record_agent", failing)
+    err = _refused(capsys, "--checkpoint", poc_checkpoint, "--episodes", "1", "--video", str(out))
+    assert "step() raised RuntimeError: broken" in err
+    assert out.read_bytes() == b"old" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_mp4_has_every_frame(poc_checkpoint, tmp_path, capsys):
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    out = tmp_path / "poc.mp4"
+    result = _eval(
+        capsys, "--checkpoint", poc_checkpoint, "--episodes", "2", "--video", str(out),
+        "--video-episodes", "2",
+    )  # fmt: skip
+    frames = sum(n + 1 for n in result["video_lengths"])
+    assert result["video_frames"] == frames
+    assert imageio_ffmpeg.count_frames_and_secs(str(out)) == (frames, frames / 4)
+    # read_frames leaves ffmpeg's pipes to the garbage collector
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        reader = imageio_ffmpeg.read_frames(str(out))
+        meta = next(reader)
+        first = np.frombuffer(next(reader), dtype=np.uint8).reshape(96, 384, 3)
+        reader.close()
+        del reader
+        gc.collect()
+    assert meta["size"] == (384, 96) and meta["fps"] == 4
+    env = PocMemory(render_mode="rgb_array")
+    env.reset(seed=10_000)
+    assert np.abs(first.astype(int) - env.render()).mean() < 8  # H.264 is lossy
+
+
+def test_masked_cartpole_renders_the_full_env(tmp_path, capsys):
+    pytest.importorskip("pygame")
+    checkpoint = _train(tmp_path / "cartpole", "rppo_td/CartPoleNoVel-v1")
+    out = tmp_path / "cartpole.gif"
+    result = _eval(capsys, "--checkpoint", checkpoint, "--episodes", "1", "--video", str(out))
+    steps = result["video_lengths"][0]
+    assert result["video_frames"] == steps + 1 and result["video_fps"] == 50  # CartPole's
+    frames, durations = _gif_frames(out)
+    # a GIF merges a frame into the one before where they are identical (a cart that moved
+    # less than a pixel), adding up their time: 20 ms a frame, the last held for 1 s
+    assert 2 <= len(frames) <= steps + 1 and sum(durations) == 20 * steps + 1000
+    assert frames[0].shape == (400, 600, 3)  # the full CartPole, not the masked observation
+
+
+def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeypatch):
+    def refused(*argv: str) -> str:
+        return _refused(capsys, "--checkpoint", poc_checkpoint, *argv)
+
+    assert "the suffix must be .gif or .mp4" in refused("--video", str(tmp_path / "x.avi"))
+    assert "suffix must be .gif or .mp4" in refused("--video", str(tmp_path / "x"))
+    (tmp_path / "folder.gif").mkdir()
+    assert "is a directory" in refused("--video", str(tmp_path / "folder.gif"))
+    (tmp_path / "file").write_text("")
+    assert "not a writable directory" in refused("--video", str(tmp_path / "file" / "x.gif"))
+    assert "--video-episodes needs --video PATH" in refused("--video-episodes", "2")
+    assert "--fps needs --video PATH" in refused("--fps", "10")
+    gif = str(tmp_path / "x.gif")
+    err = refused("--episodes", "2", "--video", gif, "--video-episodes", "3")
+    assert "--video-episodes must be in [1, --episodes = 2]" in err
+    assert "--fps must be >= 1" in refused("--video", gif, "--fps", "0")
+    assert "--fps must be <= 50 for a GIF" in refused("--video", gif, "--fps", "60")
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
+    err = refused("--video", str(tmp_path / "x.mp4"))
+    assert "needs imageio-ffmpeg: pip install 'rppo_td[video]'" in err
+    assert not list(tmp_path.glob("x*"))
+
+
+class _HumanOnly(PocMemory):
+    metadata = {"render_modes": ["human"]}  # noqa: RUF012
+
+
+class _NoRenderMode(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, dtype=np.float32), 0.0, True, False, {}
+
+
+class _BadFrames(PocMemory):
+    def render(self):
+        return np.zeros((4, 4), dtype=np.float32)
+
+
+for _name, _entry in (
+    ("video_test/HumanOnly-v0", _HumanOnly),
+    ("video_test/NoRenderMode-v0", _NoRenderMode),
+    ("video_test/BadFrames-v0", _BadFrames),
+):
+    if _name not in gym.registry:
+        gym.register(id=_name, entry_point=_entry)
+
+
+def test_envs_that_cannot_render_frames_are_named():
+    with pytest.raises(ValueError, match=r"HumanOnly-v0.*render modes are \['human'\]"):
+        make_render_env("video_test/HumanOnly-v0")
+    with pytest.raises(ValueError, match=r"NoRenderMode-v0.*it has no render modes"):
+        make_render_env("video_test/NoRenderMode-v0")
+    env = make_render_env("video_test/BadFrames-v0")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"BadFrames-v0.*shape \(4, 4\).*\[H, W, 3\] uint8"):
+        render_frame(env, "video_test/BadFrames-v0")
+
+
+def test_an_env_without_its_render_package_names_the_install(monkeypatch):
+    env = make_render_env("rppo_td/CartPoleNoVel-v1")
+    env.reset(seed=0)
+    monkeypatch.setitem(sys.modules, "pygame", None)
+    with pytest.raises(ValueError, match=r"CartPoleNoVel-v1.*pip install pygame-ce"):
+        render_frame(env, "rppo_td/CartPoleNoVel-v1")
+
+
+def test_a_frame_that_changes_size_and_a_writer_without_frames_are_refused(tmp_path):
+    env = make_render_env(POC_MEMORY_ID)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"changed the frame size from \(10, 10, 3\)"):
+        render_frame(env, POC_MEMORY_ID, (10, 10, 3))
+    with pytest.raises(ValueError, match="no frames to write"):
+        VideoWriter(check_video_path(tmp_path / "empty.gif"), fps=4).close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_poc_memory_frames_show_the_state():
+    env = PocMemory(render_mode="rgb_array")
+    obs, _ = env.reset(seed=0)
+    right = obs[2] > 0
+    first = env.render()
+    frames = [first]
+    for _ in range(7):
+        env.step(int(right))
+        frames.append(env.render())
+    assert len({f.tobytes() for f in frames}) == len(frames)  # no two frames alike
+    # the lamps are lit while the flags are shown, off afterwards
+    lamp = (17, 16 + 10 * 32 + 16) if right else (17, 16 + 16)
+    assert tuple(frames[1][lamp]) != (228, 228, 228) and tuple(frames[2][lamp]) == (228,) * 3
+    # the agent (blue) is in the centre cell, then at the paying end
+    centre = (48, 16 + 5 * 32 + 16)
+    end = (48, lamp[1])
+    assert tuple(first[centre]) == (40, 80, 200) and tuple(frames[-1][end]) == (40, 80, 200)
+    assert PocMemory().render() is None
+    with pytest.raises(ValueError, match="render_mode must be None or 'rgb_array'"):
+        PocMemory(render_mode="human")
