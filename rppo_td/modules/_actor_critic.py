@@ -130,6 +130,29 @@ class _Trunk(nn.Module):
         stacked = tuple(torch.stack(parts, dim=1) for parts in zip(*entering, strict=True))
         return stacked, carry
 
+    def final_states(
+        self, obs: TensorDictBase, state: tuple[torch.Tensor, ...], lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        """The states after each row's first ``lengths`` steps (padding skipped).
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: entering position 0, each ``[N, layers, H]``.
+            lengths: ``[N]`` int64 in ``[1, L]``.
+
+        Returns:
+            The states after step ``lengths - 1`` of each row, each ``[N, layers, H]``.
+        """
+        assert self.core is not None
+        features = self.encoder(obs)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            features, lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        hidden = tuple(s.transpose(0, 1).contiguous() for s in state)
+        _, final = self.core(packed, hidden if len(hidden) == 2 else hidden[0])
+        final = final if isinstance(final, tuple) else (final,)
+        return tuple(s.transpose(0, 1) for s in final)
+
     def _run(
         self, features: torch.Tensor, state: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -306,6 +329,33 @@ class RecurrentActorCritic(nn.Module):
         trunk = self.critic_trunk if critic and self.critic_trunk is not None else self.actor_trunk
         obs = obs if normalized else self.normalize(obs)
         return trunk.scan(obs, state, is_init, active)
+
+    def final_states(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        lengths: torch.Tensor,
+        *,
+        critic: bool = False,
+        normalized: bool = False,
+    ) -> tuple[torch.Tensor, ...]:
+        """The actor's (or critic's) states after each row's first ``lengths`` steps.
+
+        Args:
+            obs: batch ``[N, L]``.
+            state: that network's, entering position 0, each ``[N, layers, H]``.
+            lengths: ``[N]`` int64 in ``[1, L]``; later positions are skipped.
+            critic: the critic's trunk (the actor's with ``shared_critic``).
+            normalized: ``obs`` is already ``normalize(obs)``.
+
+        Returns:
+            Each ``[N, layers, H]``; an empty tuple with ``recurrence="none"``.
+        """
+        if self.recurrence == "none":
+            return ()
+        trunk = self.critic_trunk if critic and self.critic_trunk is not None else self.actor_trunk
+        obs = obs if normalized else self.normalize(obs)
+        return trunk.final_states(obs, state, lengths)
 
     def value(
         self,

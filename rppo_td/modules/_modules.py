@@ -145,6 +145,37 @@ class _NetModule(TensorDictModuleBase):
         """``(state keys, is the critic's)`` of each network this module runs."""
         raise NotImplementedError
 
+    def final_states(
+        self,
+        tensordict: TensorDictBase,
+        start: dict[str, torch.Tensor],
+        lengths: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
+        """The states after each row's first ``lengths`` steps, each network in one call.
+
+        Rows are sequences of one episode (no ``is_init`` after position 0 is honoured: the
+        padded sequences of ``SequencePadder`` never hold one); the steps past a row's length
+        (padding) are skipped, not run (``pack_padded_sequence``).
+
+        Args:
+            tensordict: ``[N, L]`` with the observation leaves.
+            start: each state key's state entering position 0, ``[N, layers, H]``.
+            lengths: ``[N]`` int64 in ``[1, L]``.
+
+        Returns:
+            Per state key, the state after step ``lengths - 1``, ``[N, layers, H]``.
+        """
+        obs = self.net.normalize(tensordict.select(*self.net.observation_keys))
+        final: dict[str, torch.Tensor] = {}
+        for keys, critic in self._trunks():
+            if not keys or all(key in final for key in keys):
+                continue
+            last = self.net.final_states(
+                obs, tuple(start[key] for key in keys), lengths, critic=critic, normalized=True
+            )
+            final.update(zip(keys, last, strict=True))
+        return final
+
     def scan_states(
         self,
         tensordict: TensorDictBase,

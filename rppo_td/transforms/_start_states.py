@@ -31,16 +31,18 @@ class SequenceStartStates(RolloutTransform):
 
     - ``start_state="stored"``: the state stored during collection (zero at an episode's
       first step).
-    - ``start_state="refreshed"``: every state of the rollout recomputed by the current
-      networks, running each worker's row from its first stored state and starting from zero
-      at each ``is_init``. The rows run together, one step at a time (a loop over time only,
-      never over workers, episodes or sequences).
+    - ``start_state="refreshed"``: recomputed by the current networks, running each
+      worker's row from its first stored state and starting from zero at each ``is_init``.
+      All rows run together (never a Python loop over workers, episodes or sequences).
     - ``start_state="zero"``: zero.
-    - ``burn_in=K`` (with any of the above): the up to ``K`` steps of the same episode before
-      each sequence's first step are run through the networks first, from the chosen state
-      at the first of them (R2D2's burn-in). Burn-in never crosses an episode start nor the
-      rollout's first step; it runs without gradient and adds no loss position: ``loss_mask``
-      and every other key are unchanged.
+    - ``burn_in=K`` (with ``"stored"`` or ``"zero"``): the up to ``K`` steps of the same
+      episode before each sequence's first step are run through the networks first, from the
+      chosen state at the first of them (R2D2's burn-in). Burn-in never crosses an episode
+      start nor the rollout's first step; it runs without gradient and adds no loss
+      position: ``loss_mask`` and every other key are unchanged. With ``"refreshed"`` it
+      changes nothing and is skipped: the refreshed state at a sequence's start already is
+      the current network run through every earlier step of the episode in the rollout, the
+      burn-in steps included.
 
     Everything runs without gradient; the states written never require grad.
 
@@ -48,10 +50,11 @@ class SequenceStartStates(RolloutTransform):
     ``[N, Lp]``, all of its sequences, in any order; ``loss_mask``, ``worker_index`` and
     ``time_index`` locate each step) or the chunked rollout ``[W, T]`` (``sequence_offset``
     marks the sequences' first steps). Both hold the modules' observation inputs, ``is_init``
-    (``[*B, 1]`` bool), the state keys (``[*B, *S]``) and, with ``burn_in``,
-    ``episode_id`` (``EpisodeSplitter``'s). **Output:** a shallow copy with new state tensors:
-    with ``"refreshed"`` every real step holds its refreshed state; otherwise only the
-    sequences' first steps change. The input is not modified, so the stored states stay
+    (``[*B, 1]`` bool), the state keys (``[*B, *S]``) and, with burn-in, ``episode_id``
+    (``EpisodeSplitter``'s). **Output:** a shallow copy with new state tensors. Padded
+    sequences get new states at position 0 (what the loss reads; later positions keep the
+    stored ones). A ``[W, T]`` rollout gets them at the sequences' first steps, and with
+    ``"refreshed"`` at every step. The input is not modified, so the stored states stay
     available to the next epoch.
 
     **Modules.** Any TorchRL recurrent module in step mode: its state keys are those it
@@ -59,7 +62,10 @@ class SequenceStartStates(RolloutTransform):
     ``LSTMModule``/``GRUModule`` or a ``ProbabilisticActor`` around one. Each is run step by
     step in step mode under ``set_exploration_type(DETERMINISTIC)`` (no sampling, so no random
     numbers drawn). rppo_td's ``RecurrentActor``/``RecurrentCritic``/``RecurrentPolicy``
-    take a faster path (``scan_states``: the encoder once over all steps) that gives the
+    take faster paths (``final_states``: padded sequences refreshed in at most
+    ``ceil(T / L)`` rounds, the ``k``-th sequence of every episode fragment in one call,
+    padding skipped; ``scan_states``: the encoder once over all
+    steps, only the core stepped) that give the
     same states. A state key shared by two modules (``shared_critic``) is computed once, by
     the first.
 
@@ -135,6 +141,8 @@ class SequenceStartStates(RolloutTransform):
         self.state_keys: tuple[NestedKey, ...] = tuple(seen)
         self.start_state = start_state
         self.burn_in = burn_in
+        # rppo_td's modules run whole sequences in one call (final_states)
+        self._by_sequences = all(hasattr(module, "final_states") for module, _ in plan)
 
     def _repr_args(self) -> str:
         return f"start_state={self.start_state!r}, burn_in={self.burn_in}"
@@ -160,7 +168,7 @@ class SequenceStartStates(RolloutTransform):
         keys = self.keys
         num_workers, num_time = tensordict.batch_size
         starts = None
-        if self.start_state != "refreshed" or self.burn_in:
+        if self.start_state != "refreshed":
             hint = "(SequenceChunker writes it; it marks each sequence's first step)"
             offset = get_key(tensordict, keys.sequence_offset, hint=hint)
             check_shape(keys.sequence_offset, offset, (num_workers, num_time))
@@ -213,33 +221,90 @@ class SequenceStartStates(RolloutTransform):
                 "rollout. Apply it to SequencePadder's whole output, before the sampler splits "
                 "it into minibatches"
             )
-        flat_view = TensorDict(
-            {
-                key: unpad_rows(get_key(tensordict, key), dest, real, num_steps)
-                for key in self._needed(tensordict)
-            },
-            batch_size=[num_steps],
-            device=tensordict.device,
-        )
-        rollout = flat_view.view(num_workers, num_time)
         first = worker[:, 0] * num_time + time[:, 0]
-        starts = None if self.start_state == "refreshed" and not self.burn_in else first
-        states = self._states(rollout, starts)
+        if self.start_state == "refreshed" and self._by_sequences:
+            at_first = self._refresh_by_rounds(tensordict, mask, first, num_time)
+        else:
+            flat_view = TensorDict(
+                {
+                    key: unpad_rows(get_key(tensordict, key), dest, real, num_steps)
+                    for key in self._needed(tensordict)
+                },
+                batch_size=[num_steps],
+                device=tensordict.device,
+            )
+            states = self._states(flat_view.view(num_workers, num_time), first)
+            at_first = {key: value.index_select(0, first) for key, value in states.items()}
         out = tensordict.copy()
-        rows = shape[0] * shape[1]
-        for key, value in states.items():
+        for key, value in at_first.items():
             new = get_key(tensordict, key).clone()
-            if self.start_state == "refreshed":
-                flat = new.view(rows, *new.shape[2:])
-                flat.index_copy_(0, real, value.index_select(0, dest))
-            else:
-                new[:, 0] = value.index_select(0, first)
+            new[:, 0] = value
             out.set(key, new)
         return out
 
+    def _refresh_by_rounds(
+        self,
+        tensordict: TensorDictBase,
+        mask: torch.Tensor,
+        first: torch.Tensor,
+        num_time: int,
+    ) -> dict[NestedKey, torch.Tensor]:
+        """Refreshed start states ``[N, *S]`` of padded sequences, one round at a time.
+
+        Round ``k`` holds the ``k``-th sequence of every episode fragment (in time order):
+        all of them run together, each over its real steps only, from its start state: the
+        stored one for a row's first sequence, zero where a sequence starts an episode, else
+        the state after the previous sequence of its row (from the round before). Rounds: the
+        most sequences a fragment holds, at most ``ceil(T / L)``.
+        """
+        n = mask.shape[0]
+        is_init = get_key(tensordict, self.keys.is_init)
+        check_dtype(self.keys.is_init, is_init, torch.bool)
+        starts_episode = is_init.reshape(n, -1)[:, 0]
+        lengths = mask.sum(1)
+        order = torch.argsort(first)
+        worker_sorted = (first // num_time).index_select(0, order)
+        position = torch.arange(n, device=first.device)
+        # a sequence's round is its place in its episode fragment: a fragment's first sequence
+        # starts from a known state (stored, or zero at an episode start), so all of them run
+        # in round 0, and rounds number at most ceil(T / L)
+        new_fragment = starts_episode.index_select(0, order)
+        new_fragment[1:] |= worker_sorted[1:] != worker_sorted[:-1]
+        new_fragment[0] = True
+        rank = position - torch.where(new_fragment, position, 0).cummax(0).values
+        previous = torch.empty_like(order)
+        previous[order] = torch.where(rank > 0, order[(position - 1).clamp(min=0)], -1)
+        rounds = order.index_select(0, torch.argsort(rank, stable=True))
+        groups = rounds.split(torch.bincount(rank).tolist())
+        inputs = tensordict.select(*self._input_keys())
+        start: dict[NestedKey, torch.Tensor] = {}
+        final: dict[NestedKey, torch.Tensor] = {}
+        with torch.no_grad():
+            for key in self.state_keys:
+                stored = get_key(tensordict, key)[:, 0]
+                start[key] = torch.where(_expand(starts_episode, stored), 0.0, stored).detach()
+                final[key] = torch.zeros_like(start[key])
+            for k, index in enumerate(groups):
+                if k:
+                    fresh = _expand(
+                        starts_episode.index_select(0, index), start[self.state_keys[0]]
+                    )
+                    before = previous.index_select(0, index)
+                    for key in self.state_keys:
+                        after = final[key].index_select(0, before)
+                        start[key].index_copy_(0, index, torch.where(fresh, 0.0, after))
+                batch = inputs[index]
+                own_lengths = lengths.index_select(0, index)
+                for module, own in self._plan:
+                    own_start = {key: start[key].index_select(0, index) for key in own}
+                    out = module.final_states(batch, own_start, own_lengths)
+                    for key in own:
+                        final[key].index_copy_(0, index, out[key])
+        return start
+
     def _needed(self, tensordict: TensorDictBase) -> list[NestedKey]:
         keys = [*self._input_keys(), *self.state_keys]
-        if self.burn_in:
+        if self.burn_in and self.start_state != "refreshed":
             keys.append(self.keys.episode_id)
         for key in keys:
             get_key(tensordict, key, hint=f"(SequenceStartStates reads {key!r})")
@@ -285,7 +350,7 @@ class SequenceStartStates(RolloutTransform):
             flat_base = {key: v.reshape(-1, *v.shape[2:]) for key, v in base.items()}
             if starts is None:
                 return flat_base
-            if self.burn_in:
+            if self.burn_in and self.start_state != "refreshed":
                 at_starts = self._burn_in(rollout, flat_base, starts)
             else:
                 at_starts = {key: v.index_select(0, starts) for key, v in flat_base.items()}
