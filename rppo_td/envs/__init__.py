@@ -10,6 +10,11 @@ with gymnasium, as gymnasium's ``module:EnvId`` convention expects
 ``make_vector_env`` and the trainer) registers them on first use too, and ``register_envs()``
 does so explicitly.
 
+``rppo_td/MiniGrid-MemoryS9-v0`` (and ``S7``, ``S11``, ``S13``, ``S17``; ``-RGB-`` variants
+such as ``rppo_td/MiniGrid-MemoryS9-RGB-v0``) is MiniGrid's Memory task with a 3x3 view and
+three actions (``rppo_td.envs._minigrid``; presets ``minigrid-memory-s9`` and
+``minigrid-memory-s11``); making one needs the ``minigrid`` extra.
+
 ``make_env`` and ``make_vector_env`` check what an env returns and raise ``EnvError``
 (naming the env and the problem) instead of training on bad data, and show the env through
 the spaces the agent is built from (discrete spaces from 0, flat action vectors).

@@ -9,6 +9,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from rppo_td.envs._memory_gym import register_memory_gym
+from rppo_td.envs._minigrid import register_minigrid
 from rppo_td.envs._poc_memory import POC_MEMORY_ID
 
 __all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register_envs"]
@@ -89,4 +90,5 @@ def register_envs() -> None:
             entry_point="rppo_td.envs._poc_memory:PocMemory",
             max_episode_steps=32,
         )
+    register_minigrid()
     register_memory_gym()
