@@ -162,6 +162,55 @@ def ablation_runs(task: str, seeds: list[int], total_steps: int | None) -> list[
     return runs
 
 
+def is_default(result: dict) -> bool:
+    """A run with the task's preset as it is: no flags, or only flags equal to its values."""
+    if result["returncode"] != 0 or result.get("total_steps_override"):
+        return False
+    preset = TASKS[result["task"]].preset
+    for name, value in result["overrides"].items():
+        field = name.replace("-", "_")
+        if field in ("start_state",):
+            current = str(preset_setting(preset, field))
+        else:
+            current = str(preset_value(preset, field))
+        if current != value:
+            return False
+    return True
+
+
+def preset_setting(preset: str, name: str) -> object:
+    """Any setting of a preset (the TrainConfig default when the preset omits it)."""
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    return load_yaml(preset, preset=True).get(name, getattr(TrainConfig(), name))
+
+
+def import_run(task: str, seed: int, directory: Path) -> dict:
+    """A finished run directory of the task's preset (``summary.json``, ``metrics.csv``)."""
+    summary = json.loads((directory / "summary.json").read_text())
+    config = summary.get("config", {})
+    if config.get("seed") != seed:
+        raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
+    curve = read_curve(directory / "metrics.csv")
+    result = {
+        "task": task,
+        "seed": seed,
+        "overrides": {},
+        "command": f"imported from {directory} (summary.json config: {json.dumps(config)})",
+        "returncode": 0,
+        "eval_return": summary["eval_return_mean"],
+        "eval_std": summary["eval_return_std"],
+        "env_steps": summary["env_steps"],
+        "train_s": round(summary["wall_time_s"], 2),
+        "load_before": None,
+        "load_after": None,
+        "curve": curve,
+    }
+    result.update(first_reach(curve, TASKS[task].target))
+    return result
+
+
 def run_one(run: Run, workdir: Path) -> dict:
     task = TASKS[run.task]
     out = workdir / f"run-{abs(hash(run.key))}"
@@ -181,6 +230,7 @@ def run_one(run: Run, workdir: Path) -> dict:
         "task": run.task,
         "seed": run.seed,
         "overrides": dict(run.overrides),
+        "total_steps_override": run.total_steps,
         "command": " ".join(cmd[2:]),
         "returncode": proc.returncode,
         "process_s": round(process_s, 2),
@@ -279,8 +329,7 @@ def task_table(suite: Suite) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for task in TASKS.values():
-        results = [r for r in suite.runs.values() if r["task"] == task.name and not r["overrides"]]
-        results = [r for r in results if r["returncode"] == 0]
+        results = [r for r in suite.runs.values() if r["task"] == task.name and is_default(r)]
         if not results:
             continue
         results.sort(key=lambda r: r["seed"])
@@ -352,11 +401,7 @@ def plot_curves(suite: Suite) -> list[str]:
 
     names = []
     for task in TASKS.values():
-        results = [
-            r
-            for r in suite.runs.values()
-            if r["task"] == task.name and not r["overrides"] and r["returncode"] == 0
-        ]
+        results = [r for r in suite.runs.values() if r["task"] == task.name and is_default(r)]
         if not results:
             continue
         grid = np.linspace(0, max(r["env_steps"] for r in results), 100)
@@ -439,6 +484,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="write docs/results.md")
     parser.add_argument("--quick", action="store_true", help="one short run (CI)")
     parser.add_argument("--output", default="memory_suite", help="results/<output>.json")
+    parser.add_argument(
+        "--import-run",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("TASK", "SEED", "DIR"),
+        help="record a finished run directory of TASK's preset (e.g. a long run made apart)",
+    )
     args = parser.parse_args(argv)
     suite = Suite.load(RESULTS / f"{args.output}.json")
     if args.quick:
@@ -452,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         failures = run_all(runs, suite, 1, rerun=True)
         print("\n".join(ablation_table(suite, "poc-memory")))
         return 1 if failures else 0
+    for task, seed, directory in args.import_run:
+        if task not in TASKS:
+            parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
+        suite.runs[f"{task} seed={seed} imported"] = import_run(task, int(seed), Path(directory))
+        suite.save()
     runs = [Run(task, seed) for task in args.tasks for seed in args.seeds]
     for task in args.ablation:
         runs += ablation_runs(task, args.seeds, args.ablation_steps)
