@@ -16,20 +16,36 @@ __all__ = ["ObservationEncoder"]
 
 
 class _ImageEncoder(nn.Module):
-    """Small CNN: uint8 ``[*B, H, W, C]`` or ``[*B, C, H, W]`` -> ``[*B, F]`` float."""
+    """CNN: uint8 ``[*B, H, W, C]`` or ``[*B, C, H, W]`` -> ``[*B, F]`` float, pixels / 255.
+
+    Images of at least 36 x 36 (Memory Gym's and Atari's 84 x 84) go through the Nature-DQN
+    stack (32 8x8/4, 64 4x4/2, 64 3x3/1), as the seed design's agent does; smaller ones
+    through two 3x3/2 layers (16 and 32 channels).
+    """
 
     def __init__(self, space: gym.spaces.Box, out_features: int) -> None:
         super().__init__()
         shape = space.shape
         self.channels_last = shape[-1] in (1, 3, 4)
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
-        self.conv = nn.Sequential(
-            nn.Conv2d(c, 16, kernel_size=3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Flatten(),
-        )
+        layers: list[nn.Module]
+        if min(h, w) >= 36:
+            layers = [
+                nn.Conv2d(c, 32, kernel_size=8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, kernel_size=4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, kernel_size=3, stride=1),
+                nn.ReLU(),
+            ]
+        else:
+            layers = [
+                nn.Conv2d(c, 16, kernel_size=3, stride=2, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(16, 32, kernel_size=3, stride=2, padding=1),
+                nn.ReLU(),
+            ]
+        self.conv = nn.Sequential(*layers, nn.Flatten())
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, c, h, w)).shape[-1]
         self.linear = nn.Linear(flat, out_features)

@@ -284,3 +284,18 @@ def test_policy_equals_actor_then_critic(shared):
     assert set(one.keys(True, True)) == set(two.keys(True, True))
     for key in one.keys(True, True):
         torch.testing.assert_close(one[key], two[key])
+
+
+def test_large_images_take_the_nature_cnn_either_channel_order():
+    from rppo_td.modules._encoders import _ImageEncoder
+
+    last = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8), 32)
+    first = _ImageEncoder(gym.spaces.Box(0, 255, (3, 84, 84), dtype=np.uint8), 32)
+    first.load_state_dict(last.state_dict())  # the same layers, whichever order
+    assert last.conv[0].kernel_size == (8, 8) and last.conv[0].stride == (4, 4)
+    image = torch.randint(0, 256, (2, 5, 84, 84, 3), dtype=torch.uint8)
+    out = last(image)
+    assert out.shape == (2, 5, 32)
+    torch.testing.assert_close(first(image.permute(0, 1, 4, 2, 3)), out)
+    small = _ImageEncoder(gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), 32)
+    assert small.conv[0].kernel_size == (3, 3)
