@@ -147,12 +147,19 @@ def sequence_columns(task: str) -> list[str]:
     return [*numeric, "whole"]
 
 
-def ablation_runs(task: str, seeds: list[int], total_steps: int | None) -> list[Run]:
+def ablation_runs(
+    task: str, seeds: list[int], total_steps: int | None, identical: bool = False
+) -> list[Run]:
+    """The ablation grid; refreshed with burn-in only if ``identical`` (see below)."""
     rollout_steps = preset_value(TASKS[task].preset, "rollout_steps")
     runs = []
     for start in START_STATES:
         for length in sequence_columns(task):
             for burn in (0, BURN_IN):
+                # burn-in after a refresh is the identity (SequenceStartStates skips it): the
+                # cell is the burn-in 0 cell's runs again, so it is run only on request
+                if start == "refreshed" and burn and not identical:
+                    continue
                 flags = (
                     ("start-state", start),
                     *_sequence_flags(length, rollout_steps),
@@ -377,6 +384,9 @@ def ablation_table(suite: Suite, task: str) -> list[str]:
             for length in columns:
                 value = rollout_steps if length == "whole" else length
                 results = cells.get((start, value, burn), [])
+                if not results and start == "refreshed" and burn != "0":
+                    row.append("= burn-in 0")
+                    continue
                 if not results:
                     row.append(" ")
                     continue
@@ -479,6 +489,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablation", nargs="*", default=[], choices=sorted(TASKS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--ablation-steps", type=int, default=None, help="budget per run")
+    parser.add_argument(
+        "--identical",
+        action="store_true",
+        help="also run refreshed x burn-in cells (the same runs as refreshed x 0)",
+    )
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="flags over the preset for the --tasks runs, e.g. '--start-state refreshed'",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
     parser.add_argument("--rerun", action="store_true", help="rerun runs already recorded")
     parser.add_argument("--report", action="store_true", help="write docs/results.md")
@@ -510,9 +530,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
         suite.runs[f"{task} seed={seed} imported"] = import_run(task, int(seed), Path(directory))
         suite.save()
-    runs = [Run(task, seed) for task in args.tasks for seed in args.seeds]
+    words = args.flags.split()
+    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
+        parser.error(f"--flags must be '--name value' pairs, got {args.flags!r}")
+    flags = tuple((name[2:], value) for name, value in zip(words[::2], words[1::2], strict=True))
+    runs = [Run(task, seed, flags) for task in args.tasks for seed in args.seeds]
     for task in args.ablation:
-        runs += ablation_runs(task, args.seeds, args.ablation_steps)
+        runs += ablation_runs(task, args.seeds, args.ablation_steps, args.identical)
     failures = run_all(runs, suite, args.jobs, args.rerun) if runs else 0
     if args.report:
         report(suite, DOCS / "results.md")
