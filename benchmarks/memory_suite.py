@@ -366,9 +366,11 @@ def ablation_table(suite: Suite, task: str) -> list[str]:
         return []
     target = TASKS[task].target
     lines = [
-        f"**{task}** (target {target:g}; each cell: final eval mean over seeds, and median "
-        "env steps at which the training return first reached the target, `-` if a seed "
-        "never did; rows: start state and burn-in, columns: sequence length)",
+        f"**{task}** (target {target:g}; each cell: the final eval's mean over the seeds · "
+        "the seeds whose final eval reached the target · the median env steps at which the "
+        "training return first reached it, `-` if a seed's never did; rows: start state and "
+        "burn-in, columns: sequence length; `= burn-in 0`: refreshed with burn-in is the "
+        "same run as without, see SequenceStartStates)",
         "",
     ]
     rollout_steps = str(preset_value(TASKS[task].preset, "rollout_steps"))
@@ -391,13 +393,14 @@ def ablation_table(suite: Suite, task: str) -> list[str]:
                     row.append(" ")
                     continue
                 evals = statistics.fmean(r["eval_return"] for r in results)
+                solved = sum(r["eval_return"] >= target for r in results)
                 steps = [r["steps_to_target"] for r in results]
                 median = (
                     "-"
                     if any(s is None for s in steps)
                     else f"{statistics.median(steps) / 1000:.0f}k"
                 )
-                row.append(f"{evals:.3g} / {median} (n={len(results)})")
+                row.append(f"{evals:.3g} · {solved}/{len(results)} · {median}")
             lines.append(f"| {start} | {burn} | " + " | ".join(row) + " |")
     return lines
 
