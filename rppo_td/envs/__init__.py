@@ -15,6 +15,10 @@ such as ``rppo_td/MiniGrid-MemoryS9-RGB-v0``) is MiniGrid's Memory task with a 3
 three actions (``rppo_td.envs._minigrid``; presets ``minigrid-memory-s9`` and
 ``minigrid-memory-s11``); making one needs the ``minigrid`` extra.
 
+``rppo_td/PendulumNoVel-v1`` is Pendulum-v1 observing only ``cos θ`` and ``sin θ`` (the
+angular velocity hidden), with Box actions and the 200-step time limit as a truncation
+(``rppo_td.envs._pendulum_novel``; preset ``pendulum-novel``).
+
 ``make_env`` and ``make_vector_env`` check what an env returns and raise ``EnvError``
 (naming the env and the problem) instead of training on bad data, and show the env through
 the spaces the agent is built from (discrete spaces from 0, flat action vectors).
@@ -31,12 +35,14 @@ from rppo_td.envs._cartpole_novel import (
 from rppo_td.envs._checks import EnvError
 from rppo_td.envs._make import make_env, resolve_env_id
 from rppo_td.envs._make_vector import make_vector_env
+from rppo_td.envs._pendulum_novel import PENDULUM_NOVEL_ID
 from rppo_td.envs._poc_memory import POC_MEMORY_ID, PocMemory
 from rppo_td.envs._processes import ProcessVectorEnv
 
 __all__ = [
     "CARTPOLE_NOVEL_ID",
     "EnvError",
+    "PENDULUM_NOVEL_ID",
     "POC_MEMORY_ID",
     "PocMemory",
     "ProcessVectorEnv",

@@ -10,6 +10,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from rppo_td.envs._memory_gym import register_memory_gym
 from rppo_td.envs._minigrid import register_minigrid
+from rppo_td.envs._pendulum_novel import register_pendulum_novel
 from rppo_td.envs._poc_memory import POC_MEMORY_ID
 
 __all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register_envs"]
@@ -90,5 +91,6 @@ def register_envs() -> None:
             entry_point="rppo_td.envs._poc_memory:PocMemory",
             max_episode_steps=32,
         )
+    register_pendulum_novel()
     register_minigrid()
     register_memory_gym()
