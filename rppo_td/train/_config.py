@@ -160,6 +160,12 @@ class TrainConfig:
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
     clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=10.0)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
+    reward_scale: float = _doc(
+        "rewards are multiplied by this for learning (logged returns stay the env's)",
+        default=1.0,
+        low=1e-9,
+        high=1e6,
+    )
     value_coef: float = _doc("value loss coefficient", default=0.5, low=0.0, high=1e6)
     entropy_coef: float = _doc("entropy bonus coefficient", default=0.0, low=0.0, high=1e6)
     max_grad_norm: float = _doc("gradient-norm clip", default=0.5, low=0.0, high=1e6)

@@ -199,6 +199,7 @@ class Trainer:
                 max_grad_norm=config.max_grad_norm,
                 normalize_advantage=config.normalize_advantage,
                 advantage_eps=config.advantage_eps,
+                reward_scale=config.reward_scale,
                 start_state=config.start_state,
                 burn_in=config.burn_in,
             ),

@@ -38,6 +38,7 @@ class PPOSettings:
     max_grad_norm: float
     normalize_advantage: bool
     advantage_eps: float = 1e-8
+    reward_scale: float = 1.0
     start_state: Literal["stored", "refreshed", "zero"] = "stored"
     burn_in: int = 0
 
@@ -126,7 +127,14 @@ class PPOUpdate:
         )
 
     def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
-        """GAE, episode ids and sequence ids on the ``[W, T]`` rollout (in place)."""
+        """GAE, episode ids and sequence ids on the ``[W, T]`` rollout (in place).
+
+        With ``reward_scale`` other than 1, ``("next", "reward")`` is scaled first (the
+        value targets and the critic learn the scaled returns).
+        """
+        if self.settings.reward_scale != 1.0:
+            reward = rollout.get(("next", "reward"))
+            rollout.set(("next", "reward"), reward * self.settings.reward_scale)
         return self.chunker(self.splitter(self.gae(rollout)))
 
     def __call__(self, rollout: TensorDictBase, *, clip_epsilon: float) -> dict[str, float]:

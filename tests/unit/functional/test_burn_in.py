@@ -35,7 +35,7 @@ def test_bad_burn_in_is_named(burn_in):
 
 
 def test_refusals_name_the_argument():
-    with pytest.raises(ValueError, match="'episode_id' must have dtype torch.int64"):
+    with pytest.raises(ValueError, match=r"'episode_id' must have dtype torch\.int64"):
         episode_first_steps(torch.zeros(2, 3))
     with pytest.raises(ValueError, match="episode_id must have 2 dims"):
         episode_first_steps(torch.zeros(3, dtype=torch.int64))
@@ -43,5 +43,5 @@ def test_refusals_name_the_argument():
         burn_in_lengths(torch.tensor([1]), torch.tensor([2]), 3)
     with pytest.raises(ValueError, match="lengths must be in"):
         burn_in_window(torch.tensor([1]), torch.tensor([2]), 3)
-    with pytest.raises(TypeError, match="start_time must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"start_time must be a torch\.Tensor"):
         burn_in_lengths([1], torch.tensor([0]), 3)
