@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
+from rppo_td.envs._masks import EntryMask
 from rppo_td.envs._memory_gym import register_memory_gym
 from rppo_td.envs._minigrid import register_minigrid
 from rppo_td.envs._pendulum_novel import register_pendulum_novel
@@ -17,11 +18,8 @@ __all__ = ["CARTPOLE_NOVEL_ID", "VelocityMask", "make_cartpole_novel", "register
 
 CARTPOLE_NOVEL_ID = "rppo_td/CartPoleNoVel-v1"
 
-# CartPole's state is (cart position, cart velocity, pole angle, pole angular velocity)
-_KEPT = np.array([0, 2])
 
-
-class VelocityMask(gym.ObservationWrapper):
+class VelocityMask(EntryMask):
     """Keeps the cart position and pole angle of a CartPole observation.
 
     Observation ``[4]`` float32 -> ``[2]`` float32; bounds are CartPole's for those entries.
@@ -32,20 +30,8 @@ class VelocityMask(gym.ObservationWrapper):
         (2,)
     """
 
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        space = env.observation_space
-        if not isinstance(space, gym.spaces.Box) or space.shape != (4,):
-            raise ValueError(
-                f"VelocityMask expects CartPole's Box observation of shape (4,), got {space}"
-            )
-        self.observation_space = gym.spaces.Box(
-            low=space.low[_KEPT], high=space.high[_KEPT], dtype=np.float32
-        )
-
-    def observation(self, observation: np.ndarray) -> np.ndarray:
-        """``[4]`` -> ``[2]``: position and angle."""
-        return np.asarray(observation, dtype=np.float32)[_KEPT]
+    # CartPole's state is (cart position, cart velocity, pole angle, pole angular velocity)
+    size, kept, task = 4, np.array([0, 2]), "CartPole"
 
 
 def make_cartpole_novel(render_mode: str | None = None, **kwargs: Any) -> gym.Env:

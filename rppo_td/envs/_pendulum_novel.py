@@ -15,6 +15,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
+from rppo_td.envs._masks import EntryMask
+
 __all__ = [
     "PENDULUM_NOVEL_ID",
     "AngularVelocityMask",
@@ -24,11 +26,8 @@ __all__ = [
 
 PENDULUM_NOVEL_ID = "rppo_td/PendulumNoVel-v1"
 
-# Pendulum's observation is (cos θ, sin θ, θdot)
-_KEPT = np.array([0, 1])
 
-
-class AngularVelocityMask(gym.ObservationWrapper):
+class AngularVelocityMask(EntryMask):
     """Keeps ``cos θ`` and ``sin θ`` of a Pendulum observation.
 
     Observation ``[3]`` float32 -> ``[2]`` float32; bounds are Pendulum's for those entries
@@ -40,20 +39,8 @@ class AngularVelocityMask(gym.ObservationWrapper):
         (2,)
     """
 
-    def __init__(self, env: gym.Env) -> None:
-        super().__init__(env)
-        space = env.observation_space
-        if not isinstance(space, gym.spaces.Box) or space.shape != (3,):
-            raise ValueError(
-                f"AngularVelocityMask expects Pendulum's Box observation of shape (3,), got {space}"
-            )
-        self.observation_space = gym.spaces.Box(
-            low=space.low[_KEPT], high=space.high[_KEPT], dtype=np.float32
-        )
-
-    def observation(self, observation: np.ndarray) -> np.ndarray:
-        """``[3]`` -> ``[2]``: cosine and sine of the angle."""
-        return np.asarray(observation, dtype=np.float32)[_KEPT]
+    # Pendulum's observation is (cos θ, sin θ, θdot)
+    size, kept, task = 3, np.array([0, 1]), "Pendulum"
 
 
 def make_pendulum_novel(render_mode: str | None = None, **kwargs: Any) -> gym.Env:
