@@ -329,24 +329,40 @@ def _median_or_dash(values: list, fmt: str) -> str:
     return format(statistics.median(real), fmt)
 
 
+def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
+    """``(task, flags, runs)``: each task's preset runs, then its runs with --flags."""
+    groups = []
+    for task in TASKS.values():
+        own = [r for r in suite.runs.values() if r["task"] == task.name and r["returncode"] == 0]
+        by_flags: dict[str, list[dict]] = {"": [r for r in own if is_default(r)]}
+        for r in own:
+            flags = r["overrides"]
+            if is_default(r) or "sequence-length" in flags or r.get("total_steps_override"):
+                continue  # the preset's, or an ablation cell
+            text = " ".join(f"--{k} {v}" for k, v in sorted(flags.items()))
+            by_flags.setdefault(text, []).append(r)
+        groups += [(task, text, runs) for text, runs in by_flags.items() if runs]
+    return groups
+
+
 def task_table(suite: Suite) -> list[str]:
     lines = [
-        "| task | target | budget | seeds | final eval: mean (min to max) | reached target "
-        "(training return) | median env steps to target | median s to target | median run s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| task | flags over the preset | target | budget | final eval: mean (min to max) "
+        "[per seed] | final eval >= target | training return reached target | median env "
+        "steps to target | median s to target | median run s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for task in TASKS.values():
-        results = [r for r in suite.runs.values() if r["task"] == task.name and is_default(r)]
-        if not results:
-            continue
+    for task, flags, results in task_groups(suite):
         results.sort(key=lambda r: r["seed"])
         evals = [r["eval_return"] for r in results]
+        solved = sum(value >= task.target for value in evals)
         reached = sum(r["steps_to_target"] is not None for r in results)
-        per_seed = ", ".join(f"s{r['seed']}: {r['eval_return']:.3g}" for r in results)
+        per_seed = ", ".join(f"s{r['seed']}: {r['eval_return']:.4g}" for r in results)
+        n = len(results)
         lines.append(
-            f"| {task.name} | {task.target:g} | {task.budget:,} | {len(results)} | "
-            f"{_spread(evals)} [{per_seed}] | {reached}/{len(results)} | "
-            f"{_median_or_dash([r['steps_to_target'] for r in results], ',')} | "
+            f"| {task.name} | {f'`{flags}`' if flags else '-'} | {task.target:g} | "
+            f"{task.budget:,} | {_spread(evals)} [{per_seed}] | {solved}/{n} | {reached}/{n} | "
+            f"{_median_or_dash([r['steps_to_target'] for r in results], ',.0f')} | "
             f"{_median_or_dash([r['seconds_to_target'] for r in results], '.0f')} | "
             f"{statistics.median(r['train_s'] for r in results):.0f} |"
         )
