@@ -218,18 +218,24 @@ def _evaluate_and_record(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``evaluate_agent``, then ``record_agent`` of its first ``episodes`` into ``path``.
 
-    The render env is built and drawn once first, so an env that cannot give frames is refused
-    before the evaluation runs. Returns the evaluation and the ``video_*`` entries.
+    A render env is built and drawn once first, so an env that cannot give frames is refused
+    before the evaluation runs; it is closed before the evaluation and a fresh one records,
+    since closing a pygame env may end pygame for every env of the process (memory-gym's
+    ``close`` calls ``pygame.quit()``). Returns the evaluation and the ``video_*`` entries.
     """
+    probe = make_render_env(env_id)
+    try:
+        probe.reset(seed=args.seed)
+        render_frame(probe, env_id)
+        fps = default_fps(probe, path.suffix.lower()) if args.fps is None else args.fps
+    finally:
+        probe.close()
+    result = evaluate_agent(
+        agent, env_id, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic
+    )
     env = make_render_env(env_id)
     try:
-        env.reset(seed=args.seed)
-        render_frame(env, env_id)
-        fps = default_fps(env, path.suffix.lower()) if args.fps is None else args.fps
         writer = VideoWriter(path, fps=fps)
-        result = evaluate_agent(
-            agent, env_id, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic
-        )
         try:
             returns, lengths = record_agent(
                 agent,

@@ -255,3 +255,36 @@ def test_poc_memory_frames_show_the_state():
     assert PocMemory().render() is None
     with pytest.raises(ValueError, match="render_mode must be None or 'rgb_array'"):
         PocMemory(render_mode="human")
+
+
+def test_an_env_whose_close_ends_the_others_still_records(poc_checkpoint, tmp_path, capsys):
+    """Like memory-gym's pygame.quit(): closing any env invalidates every env made before."""
+    from rppo_td.envs import PocMemory
+
+    state = {"generation": 0}
+    original_init, original_reset, original_close = (
+        PocMemory.__init__,
+        PocMemory.reset,
+        PocMemory.close,
+    )
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self._generation = state["generation"]
+
+    def reset(self, *args, **kwargs):
+        if self._generation != state["generation"]:
+            raise RuntimeError("Surface is not initialized")
+        return original_reset(self, *args, **kwargs)
+
+    def close(self):
+        state["generation"] += 1
+        return original_close(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PocMemory, "__init__", init)
+        patch.setattr(PocMemory, "reset", reset)
+        patch.setattr(PocMemory, "close", close)
+        out = _eval(capsys, "--checkpoint", poc_checkpoint, "--video", str(tmp_path / "a.gif"))
+    assert out["video_returns"] == out["eval_returns"][:1]
+    assert (tmp_path / "a.gif").is_file()
