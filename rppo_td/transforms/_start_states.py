@@ -173,8 +173,7 @@ class SequenceStartStates(RolloutTransform):
             offset = get_key(tensordict, keys.sequence_offset, hint=hint)
             check_shape(keys.sequence_offset, offset, (num_workers, num_time))
             starts = (offset == 0).flatten().nonzero().squeeze(1)
-        rollout = self._rollout_view(tensordict, num_workers, num_time)
-        states = self._states(rollout, starts)
+        states = self._states(tensordict.select(*self._needed(tensordict)), starts)
         out = tensordict.copy()
         for key, value in states.items():
             out.set(key, value.view(num_workers, num_time, *value.shape[1:]))
@@ -310,19 +309,14 @@ class SequenceStartStates(RolloutTransform):
             get_key(tensordict, key, hint=f"(SequenceStartStates reads {key!r})")
         return keys
 
-    def _rollout_view(
-        self, tensordict: TensorDictBase, num_workers: int, num_time: int
-    ) -> TensorDictBase:
-        return tensordict.select(*self._needed(tensordict))
-
     # ---- the states ---------------------------------------------------------------------------
     def _states(
         self, rollout: TensorDictBase, starts: torch.Tensor | None
     ) -> dict[NestedKey, torch.Tensor]:
         """New states ``[W * T, *S]`` per state key, from the ``[W, T]`` rollout.
 
-        ``starts``: ``[S]`` flat indices ``w * T + t`` of the sequences' first steps (None
-        when only refreshed states everywhere are needed).
+        ``starts``: ``[S]`` flat indices ``w * T + t`` of the sequences' first steps, where
+        the states change; ignored with ``"refreshed"``, whose states are new at every step.
         """
         keys = self.keys
         num_workers, num_time = rollout.batch_size
@@ -348,16 +342,13 @@ class SequenceStartStates(RolloutTransform):
             else:
                 base = stored
             flat_base = {key: v.reshape(-1, *v.shape[2:]) for key, v in base.items()}
-            if starts is None:
-                return flat_base
-            if self.burn_in and self.start_state != "refreshed":
+            if starts is None or self.start_state == "refreshed":
+                return flat_base  # burn-in after a refresh changes nothing
+            if self.burn_in:
                 at_starts = self._burn_in(rollout, flat_base, starts)
             else:
                 at_starts = {key: v.index_select(0, starts) for key, v in flat_base.items()}
-        if self.start_state == "refreshed":
-            out = {key: v.clone() for key, v in flat_base.items()}
-        else:
-            out = {key: v.reshape(-1, *v.shape[2:]).clone() for key, v in stored.items()}
+        out = {key: v.reshape(-1, *v.shape[2:]).clone() for key, v in stored.items()}
         for key, value in at_starts.items():
             out[key].index_copy_(0, starts, value)
         return out
@@ -371,7 +362,7 @@ class SequenceStartStates(RolloutTransform):
         """The states at ``starts`` after each sequence's burn-in, ``[S, *S]`` per key."""
         num_time = rollout.batch_size[1]
         episode_id = get_key(rollout, self.keys.episode_id, hint="(EpisodeSplitter writes it)")
-        check_dtype(self.keys.episode_id, episode_id, torch.int64)
+        check_dtype(self.keys.episode_id, episode_id, torch.int64)  # named as the caller keys it
         first = episode_first_steps(episode_id).flatten().index_select(0, starts)
         worker, start_time = starts // num_time, starts % num_time
         lengths = burn_in_lengths(start_time, first, self.burn_in)
