@@ -129,11 +129,7 @@ def _sequence_flags(length: str, rollout_steps: int) -> tuple[tuple[str, str], .
 
 def preset_value(preset: str, name: str) -> int:
     """An integer setting of a preset (the TrainConfig default when the preset omits it)."""
-    from rppo_td.train import TrainConfig
-    from rppo_td.train._cli import load_yaml
-
-    values = load_yaml(preset, preset=True)
-    return int(values.get(name, getattr(TrainConfig(), name)))
+    return int(preset_setting(preset, name))
 
 
 def sequence_columns(task: str) -> list[str]:
@@ -175,12 +171,7 @@ def is_default(result: dict) -> bool:
         return False
     preset = TASKS[result["task"]].preset
     for name, value in result["overrides"].items():
-        field = name.replace("-", "_")
-        if field in ("start_state",):
-            current = str(preset_setting(preset, field))
-        else:
-            current = str(preset_value(preset, field))
-        if current != value:
+        if str(preset_setting(preset, name.replace("-", "_"))) != value:
             return False
     return True
 
