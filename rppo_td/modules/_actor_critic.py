@@ -21,7 +21,8 @@ Recurrence = Literal["lstm", "gru", "none"]
 STATE_KEYS = {"lstm": ("recurrent_state_h", "recurrent_state_c"), "gru": ("recurrent_state_h",)}
 
 
-def _mlp_head(in_features: int, hidden: int, layers: int, out: int, gain: float) -> nn.Sequential:
+def _hidden_layers(in_features: int, hidden: int, layers: int) -> nn.Sequential:
+    """``layers`` x (Linear, ReLU), orthogonal ``sqrt(2)``: ``[*B, in]`` -> ``[*B, hidden]``."""
     modules: list[nn.Module] = []
     width = in_features
     for _ in range(layers):
@@ -30,10 +31,16 @@ def _mlp_head(in_features: int, hidden: int, layers: int, out: int, gain: float)
         nn.init.zeros_(linear.bias)
         modules += [linear, nn.ReLU()]
         width = hidden
-    last = nn.Linear(width, out)
+    return nn.Sequential(*modules)
+
+
+def _mlp_head(in_features: int, hidden: int, layers: int, out: int, gain: float) -> nn.Sequential:
+    """``_hidden_layers`` then a Linear to ``out`` (orthogonal ``gain``)."""
+    body = _hidden_layers(in_features, hidden, layers)
+    last = nn.Linear(hidden if layers else in_features, out)
     nn.init.orthogonal_(last.weight, gain)
     nn.init.zeros_(last.bias)
-    return nn.Sequential(*modules, last)
+    return nn.Sequential(*body, last)
 
 
 class _Trunk(nn.Module):
@@ -234,9 +241,10 @@ class RecurrentActorCritic(nn.Module):
             None if shared_critic else _Trunk(self.leaves, recurrence, hidden_size, num_layers)
         )
         self.action_head = make_action_head(action_space, hidden_size)
-        self.policy_mlp: nn.Module = nn.Identity()
-        if head_layers:
-            self.policy_mlp = _mlp_head(hidden_size, hidden_size, head_layers - 1, hidden_size, 1.0)
+        # head_layers ReLU layers, then the action head's linear map: the policy is as deep
+        # as the value head (a nonlinear read-out of the core, which tasks that compare a
+        # memory with what is in view need)
+        self.policy_mlp: nn.Module = _hidden_layers(hidden_size, hidden_size, head_layers)
         self.value_head = _mlp_head(hidden_size, hidden_size, head_layers, 1, 1.0)
 
     @property

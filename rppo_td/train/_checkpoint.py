@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT_VERSION = 2
+# 3: the policy head gained its ReLU (head_layers nonlinear layers, as the value head has);
+# format-2 networks load into the same parameter names but would compute another policy
+FORMAT_VERSION = 3
 ENV_STATE_PREFIX = "envs-"
 ENV_STATE_SUFFIX = ".pkl"
 
@@ -210,6 +212,12 @@ def _check_content(data: Any, where: str) -> None:
         raise CheckpointError(
             f"{where} is not an rppo_td checkpoint of format {FORMAT_VERSION} "
             f"(format_version: {version!r})"
+            + (
+                "; format 2 was written before the policy head gained its ReLU layer, so "
+                "its network would act differently now: retrain it with this version"
+                if version == 2
+                else ""
+            )
         )
     for key, kind in _REQUIRED.items():
         if not isinstance(data.get(key), kind):

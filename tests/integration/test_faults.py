@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rppo_td.train._checkpoint import load_checkpoint
+from rppo_td.train._checkpoint import FORMAT_VERSION, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 24
@@ -329,7 +329,10 @@ def _crafted_files(folder: Path, marker: Path) -> dict[str, Path]:
         write(path)
         files[name] = path
 
-    put("torch_dict", lambda p: torch.save({"format_version": 2, "x": _RunsCode(marker)}, p))
+    put(
+        "torch_dict",
+        lambda p: torch.save({"format_version": FORMAT_VERSION, "x": _RunsCode(marker)}, p),
+    )
     put("torch_object", lambda p: torch.save(_RunsCode(marker), p))
     put("plain_pickle", lambda p: p.write_bytes(pickle.dumps(_RunsCode(marker))))
     put("empty", lambda p: p.write_bytes(b""))
@@ -337,7 +340,7 @@ def _crafted_files(folder: Path, marker: Path) -> dict[str, Path]:
     put("text", lambda p: p.write_text("not a checkpoint\n"))
     put("list", lambda p: torch.save([1, 2, 3], p))
     put("old_format", lambda p: torch.save({"format_version": 1, "config": {}}, p))
-    put("missing_fields", lambda p: torch.save({"format_version": 2, "config": {}}, p))
+    put("missing_fields", lambda p: torch.save({"format_version": FORMAT_VERSION, "config": {}}, p))
     return files
 
 

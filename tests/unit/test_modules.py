@@ -299,3 +299,28 @@ def test_large_images_take_the_nature_cnn_either_channel_order():
     torch.testing.assert_close(first(image.permute(0, 1, 4, 2, 3)), out)
     small = _ImageEncoder(gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), 32)
     assert small.conv[0].kernel_size == (3, 3)
+
+
+@given(head_layers=st.integers(0, 3), seed=st.integers(0, 2**16))
+@settings(max_examples=15, deadline=None)
+def test_the_policy_reads_the_core_through_head_layers_relu_layers(head_layers, seed):
+    """The policy's logits are a nonlinear function of the core's output for head_layers >= 1.
+
+    A read-out affine in the core's output cannot compare a remembered object with the one in
+    view (an XOR), which MiniGrid Memory needs; the value head is as deep as the policy head.
+    """
+    torch.manual_seed(seed)
+    net = RecurrentActorCritic(BOX, ACTIONS["discrete"], hidden_size=16, head_layers=head_layers)
+    relus = sum(isinstance(m, torch.nn.ReLU) for m in net.policy_mlp.modules())
+    assert (
+        relus == head_layers == sum(isinstance(m, torch.nn.ReLU) for m in net.value_head.modules())
+    )
+
+    def logits(features):
+        return net.action_head.linear(net.policy_mlp(features))  # the raw logits
+
+    a, b = torch.randn(2, 64, 16).unbind(0)
+    with torch.no_grad():
+        # an affine map f has f(a) + f(b) == f(a + b) + f(0)
+        gap = (logits(a) + logits(b) - logits(a + b) - logits(torch.zeros_like(a))).abs().max()
+    assert (gap > 1e-5) == (head_layers > 0)
