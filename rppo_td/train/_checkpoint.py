@@ -64,6 +64,8 @@ _COUNTERS: dict[str, type | tuple[type, ...]] = {
     "update": int,
     "env_steps": int,
     "wall_time_s": (int, float),
+    "collect_time_s": (int, float),
+    "learn_time_s": (int, float),
     "episodes": int,
 }
 

@@ -45,6 +45,7 @@ from rppo_td.train._outputs import (
     lock_run_directory,
     plot_learning_curve,
     prepare_run_directory,
+    time_split,
     write_json_atomic,
 )
 from rppo_td.train._ppo import PPOSettings, PPOUpdate
@@ -208,6 +209,8 @@ class Trainer:
             "update": 0,
             "env_steps": 0,
             "wall_time_s": 0.0,
+            "collect_time_s": 0.0,  # of wall_time_s: stepping the envs and the policy
+            "learn_time_s": 0.0,  # of wall_time_s: the PPO update and the normaliser
             "episodes": 0,
         }
         self.recent: collections.deque = collections.deque(maxlen=20)
@@ -351,13 +354,15 @@ class Trainer:
             group["lr"] = lr
         start = time.perf_counter()
         rollout = next(self._batches)
+        collected = time.perf_counter()
         stats = self.ppo(rollout, clip_epsilon=clip)
         frozen = 0 < self.config.normalizer_steps <= self.counters["env_steps"]
         if self.agent.normalizer is not None and not frozen:
             obs = rollout.select(*self.agent.observation_keys)
             # every rank's statistics from every rank's observations: they stay identical
             self.agent.normalizer.update(gather_ranks(obs) if self.ranks.distributed else obs)
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
+        elapsed, collect, learn = end - start, collected - start, end - collected
         returns, lengths = self.collector.episodes.pop()
         if self.ranks.distributed:
             returns, lengths = gather_episodes(returns, lengths)
@@ -367,12 +372,17 @@ class Trainer:
         self.counters["update"] = update + 1
         self.counters["env_steps"] += steps
         self.counters["wall_time_s"] += elapsed
+        self.counters["collect_time_s"] += collect
+        self.counters["learn_time_s"] += learn
         self.counters["episodes"] += len(returns)
         return {
             "update": update + 1,
             "env_steps": self.counters["env_steps"],
             "wall_time_s": round(self.counters["wall_time_s"], 4),
             "fps": steps / elapsed,
+            "collect_s": round(collect, 4),
+            "learn_s": round(learn, 4),
+            "collect_fps": steps / max(collect, 1e-9),
             "episode_return_mean": float(np.mean(self.recent)) if self.recent else math.nan,
             "episode_length_mean": (
                 float(np.mean(self.recent_lengths)) if self.recent_lengths else math.nan
@@ -449,7 +459,9 @@ class Trainer:
                         metrics.write(row)
                     bar.update(per_update)
                     bar.set_postfix(
-                        fps=f"{row['fps']:.0f}", ret=f"{row['episode_return_mean']:.1f}"
+                        fps=f"{row['fps']:.0f}",
+                        ret=f"{row['episode_return_mean']:.1f}",
+                        time=time_split(row["collect_s"], row["learn_s"]),
                     )
                     done = self.counters["update"]
                     stopped = stop.requested or done == stop_after_updates
@@ -522,6 +534,9 @@ class Trainer:
             "env_steps": self.counters["env_steps"],
             "wall_time_s": wall,
             "fps": self.counters["env_steps"] / max(wall, 1e-9),
+            "collect_time_s": self.counters["collect_time_s"],
+            "learn_time_s": self.counters["learn_time_s"],
+            "collect_fraction": self.counters["collect_time_s"] / max(wall, 1e-9),
             "updates": self.counters["update"],
             "eval_returns": evaluation.get("eval_returns", []),
             "eval_wall_time_s": evaluation.get("eval_wall_time_s", 0.0),

@@ -23,6 +23,7 @@ __all__ = [
     "lock_run_directory",
     "plot_learning_curve",
     "prepare_run_directory",
+    "time_split",
     "write_json_atomic",
 ]
 
@@ -33,6 +34,9 @@ METRIC_FIELDS = (
     "env_steps",
     "wall_time_s",
     "fps",
+    "collect_s",
+    "learn_s",
+    "collect_fps",
     "episode_return_mean",
     "episode_length_mean",
     "episodes",
@@ -59,6 +63,17 @@ SUMMARY_KEYS = (
     "wall_time_s",
     "fps",
 )
+
+
+def time_split(collect_s: float, learn_s: float) -> str:
+    """How one update's seconds divide between collection and learning, for the progress bar.
+
+    Example:
+        >>> time_split(0.25, 0.75)
+        'collect 25% learn 75%'
+    """
+    share = collect_s / max(collect_s + learn_s, 1e-12)
+    return f"collect {share:.0%} learn {1 - share:.0%}"
 
 
 class MetricsLog:

@@ -571,7 +571,7 @@ def read_rows(path: Path) -> list[dict[str, str]] | None:
         return list(csv.DictReader(f))
 
 
-VOLATILE = {"wall_time_s", "fps"}
+VOLATILE = {"wall_time_s", "fps", "collect_s", "learn_s", "collect_fps"}
 
 
 def tmp_files(directory: Path) -> list[str]:

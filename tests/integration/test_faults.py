@@ -48,7 +48,7 @@ SETTINGS = [
     "--no-progress",
 ]
 # columns that depend on the clock, not on the run's state
-CLOCK = {"wall_time_s", "fps"}
+CLOCK = {"wall_time_s", "fps", "collect_s", "learn_s", "collect_fps"}
 FLAKY = "tests.integration.fault_envs:rppo_td_fault/Flaky-v0"
 
 # A trainer whose checkpoint write for one update stalls halfway (the bytes written so far

@@ -136,6 +136,18 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
             "episode_length_mean",
         ):
             float(row[key])
+    # each update's seconds split into collection and learning, adding up to the wall time
+    walls = [0.0] + [float(r["wall_time_s"]) for r in rows]
+    for row, before, after in zip(rows, walls, walls[1:], strict=False):
+        collect, learn = float(row["collect_s"]), float(row["learn_s"])
+        assert collect > 0 and learn > 0
+        assert collect + learn == pytest.approx(after - before, abs=2e-4)
+        assert float(row["collect_fps"]) == pytest.approx(128 / collect, rel=2e-3)
+    split = summary["collect_time_s"] + summary["learn_time_s"]
+    assert split == pytest.approx(summary["wall_time_s"], rel=1e-9)
+    assert summary["collect_fraction"] == pytest.approx(
+        summary["collect_time_s"] / summary["wall_time_s"]
+    )
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(out.glob("events.out.tfevents.*"))
     checkpoint = load_checkpoint(out)
