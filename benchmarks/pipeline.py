@@ -62,6 +62,7 @@ from _common import (
 )
 from tensordict import TensorDictBase
 from torchrl.collectors.utils import split_trajectories
+from torchrl.envs import Compose
 from torchrl.objectives.value.functional import vec_generalized_advantage_estimate
 
 from rppo_td import (
@@ -82,23 +83,43 @@ STAGES = ("gae", "episodes", "chunk", "layout", "plan", "gather")
 # --------------------------------------------------------------------------------------------
 # The candidates. Each takes the raw rollout and does the whole update's data work.
 # --------------------------------------------------------------------------------------------
+class Pipeline:
+    """One user's pipeline, built once and called every update (as the README builds it).
+
+    ``padded``: the README's ``Compose(GAE, EpisodeSplitter, SequenceChunker,
+    SequencePadder)`` then ``SequenceSampler`` over the padded sequences; else the same
+    without the padder, the sampler gathering from the chunked rollout (lazily), with
+    ``reuse_memory`` as given.
+    """
+
+    def __init__(self, shape: RolloutShape, *, padded: bool = False, reuse: bool = False):
+        stages = [
+            GAE(gamma=GAMMA, lmbda=LMBDA),
+            EpisodeSplitter(),
+            SequenceChunker(sequence_length=shape.sequence_length),
+        ]
+        if padded:
+            stages.append(SequencePadder())
+        self.transform = Compose(*stages)
+        self.sampler = SequenceSampler(
+            shape.num_minibatches, generator=torch.Generator().manual_seed(0), reuse_memory=reuse
+        )
+
+    def epoch(self, td: TensorDictBase) -> int:
+        """One update's data work; returns the real steps seen (the epoch is whole)."""
+        # the transforms add keys in place; keep the input as it was
+        x = self.transform(td.clone(recurse=False))
+        seen = 0
+        for minibatch in self.sampler(x):
+            seen += minibatch.numel()  # the minibatch is materialised; it dies at the next step
+        return seen
+
+
 def rppo_epoch(
     td: TensorDictBase, shape: RolloutShape, *, padded: bool = False, reuse: bool = False
 ) -> int:
-    """rppo_td's pipeline; returns the real steps seen (a check that the epoch is whole)."""
-    x = td.clone(recurse=False)  # the transforms add keys in place; keep the input as it was
-    x = GAE(gamma=GAMMA, lmbda=LMBDA)(x)
-    x = EpisodeSplitter()(x)
-    x = SequenceChunker(sequence_length=shape.sequence_length)(x)
-    if padded:
-        x = SequencePadder()(x)
-    sampler = SequenceSampler(
-        shape.num_minibatches, generator=torch.Generator().manual_seed(0), reuse_memory=reuse
-    )
-    seen = 0
-    for minibatch in sampler(x):
-        seen += minibatch.numel()  # the minibatch is materialised; it dies at the next step
-    return seen
+    """One update through a pipeline built for it alone (the first call of a user's run)."""
+    return Pipeline(shape, padded=padded, reuse=reuse).epoch(td)
 
 
 def rppo_stages(td: TensorDictBase, shape: RolloutShape, device: str) -> dict[str, float]:
@@ -265,13 +286,18 @@ def bench_shape(
 
     # the epoch is whole: every real step once
     steps = shape.workers * shape.time_steps
-    seen = rppo_epoch(td, shape)
-    padded_steps = rppo_epoch(td, shape, padded=True)
-    assert rppo_epoch(td, shape, reuse=True) == seen
+    lazy, reuse, padded = (
+        Pipeline(shape),
+        Pipeline(shape, reuse=True),
+        Pipeline(shape, padded=True),
+    )
+    seen = lazy.epoch(td)
+    padded_steps = padded.epoch(td)
+    assert reuse.epoch(td) == seen
     candidates = {
-        "rppo_td": lambda: rppo_epoch(td, shape),
-        "rppo_td reuse": lambda: rppo_epoch(td, shape, reuse=True),
-        "rppo_td padded": lambda: rppo_epoch(td, shape, padded=True),
+        "rppo_td": lambda: lazy.epoch(td),
+        "rppo_td reuse": lambda: reuse.epoch(td),
+        "rppo_td padded": lambda: padded.epoch(td),
         "torchrl split": lambda: torchrl_split(with_ids),
         "torchrl pipeline": lambda: torchrl_epoch(with_ids, shape),
         "copy": lambda: target.copy_(source),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
+from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
     check_dtype,
@@ -23,7 +24,7 @@ from rppo_td._validation import (
 )
 from rppo_td.functional import pad_rows, sequence_layout
 
-__all__ = ["SequenceLayout", "gather_sequences"]
+__all__ = ["SequenceLayout", "gather_sequences", "put_leaf"]
 
 _OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 
@@ -126,6 +127,7 @@ class SequenceLayout:
         index: torch.Tensor | None = None,
         *,
         out: dict[NestedKey, torch.Tensor] | None = None,
+        pool: OutputPool | None = None,
     ) -> TensorDictBase:
         """Padded sequences ``[B, Lp]`` (all ``N``, or the ones in ``index`` ``[B]``).
 
@@ -133,7 +135,8 @@ class SequenceLayout:
         adds ``loss_mask``, ``worker_index``, ``time_index`` and ``rollout_steps`` (``W * T``;
         all zero on padding too). With ``out`` (``empty_buffer``'s, at least ``B`` rows) the
         leaves are written into its first ``B`` rows instead of fresh memory, and the result's
-        leaves are views of it.
+        leaves are views of it. With ``pool`` the leaves go into memory the pool reuses once
+        its earlier outputs are gone (``OutputPool``; the result is the same).
 
         ``index`` is ``[B]`` int64 in ``[0, N)`` (checked, one device synchronisation) or
         ``[N]`` bool; ``td`` must be the ``[W, T]`` rollout the layout was built from.
@@ -145,7 +148,7 @@ class SequenceLayout:
                 f"SequenceLayout.gather needs the [{self.num_workers}, {self.time_steps}] "
                 f"rollout it was built from, got batch size {list(td.batch_size)}"
             )
-        return gather_sequences(self, td, keys, index, out=out)
+        return gather_sequences(self, td, keys, index, out=out, pool=pool)
 
 
 def _pad_columns(
@@ -199,8 +202,13 @@ def gather_sequences(
     index: torch.Tensor | None = None,
     *,
     out: dict[NestedKey, torch.Tensor] | None = None,
+    pool: OutputPool | None = None,
 ) -> TensorDictBase:
-    """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups)."""
+    """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups).
+
+    With ``pool`` (and no ``out``) the leaves are written into memory the pool reuses once
+    the earlier outputs are gone (``OutputPool``).
+    """
     if index is None:
         flat, mask = layout.flat_index, layout.loss_mask
     elif index.ndim == 1 and index.dtype == torch.int64:
@@ -218,23 +226,28 @@ def gather_sequences(
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
-        dest = None if out is None else out[key][: flat.shape[0]]
-        _put(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
+        if out is not None:
+            dest = out[key][: flat.shape[0]]
+        elif pool is not None:
+            dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
+        else:
+            dest = None
+        put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
     # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
     # flat >= 0, so truncation is floor division (and cheaper)
     worker = torch.div(flat, layout.time_steps, rounding_mode="trunc")
-    _put(source, keys.loss_mask, mask)
-    _put(source, keys.worker_index, worker)
-    _put(source, keys.time_index, flat - worker * layout.time_steps)
+    put_leaf(source, keys.loss_mask, mask)
+    put_leaf(source, keys.worker_index, worker)
+    put_leaf(source, keys.time_index, flat - worker * layout.time_steps)
     # the rollout's identity, so that inv can refuse a subset of its sequences
     steps = layout.num_workers * layout.time_steps
-    _put(source, keys.rollout_steps, torch.where(mask, steps, 0))
+    put_leaf(source, keys.rollout_steps, torch.where(mask, steps, 0))
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of
     # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
     return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
 
 
-def _put(source: dict, key: NestedKey, value: torch.Tensor) -> None:
+def put_leaf(source: dict, key: NestedKey, value: torch.Tensor) -> None:
     """``source[key] = value`` for a nested key, creating the sub-dicts on the way."""
     path = key if isinstance(key, tuple) else (key,)
     for part in path[:-1]:

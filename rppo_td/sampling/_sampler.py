@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from typing import Literal
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
+from rppo_td._buffers import OutputPool
 from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._layout import SequenceLayout, gather_sequences
+from rppo_td._layout import SequenceLayout, gather_sequences, put_leaf
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -60,6 +61,27 @@ def mask_conditions(
             "SequencePadder writes it",
         ),
     ]
+
+
+def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
+    """``td[index]`` for ``[B]`` int64 ``index``, its leaves written into ``pool``'s memory.
+
+    Other tensordict types than ``TensorDict``, and non-tensor leaves, take ``td[index]``.
+    """
+    if type(td) is not TensorDict:
+        return td[index]
+    source: dict = {}
+    on = {index.device: index}
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+        if type(value) is not torch.Tensor:  # non-tensor data, tensor subclasses
+            return td[index]
+        if value.device not in on:
+            on[value.device] = index.to(value.device)
+        dest = pool.empty(key, (index.numel(), *value.shape[1:]), value)
+        put_leaf(source, key, torch.index_select(value, 0, on[value.device], out=dest))
+    return TensorDict._new_unsafe(
+        source, batch_size=torch.Size((index.numel(), *td.batch_size[1:])), device=td.device
+    )
 
 
 class SequenceSampler:
@@ -163,6 +185,7 @@ class SequenceSampler:
         self.balance: Balance = balance
         self.reuse_memory = bool(reuse_memory)
         self.keys = keys if keys is not None else DEFAULT_KEYS
+        self._pool = OutputPool()
 
     def __call__(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         """Yields the minibatches of one epoch over ``td`` (see the class docstring)."""
@@ -221,13 +244,14 @@ class SequenceSampler:
         check_not_meta({self.keys.loss_mask: mask})
         lengths = mask.sum(-1)
         groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
-        return (td[index] for index in groups)
+        return (select_rows(td, index, self._pool) for index in groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
         # the groups are the plan's own: in range, so gather_sequences skips the index check
         if not self.reuse_memory:
-            return (gather_sequences(layout, td, self.keys, index) for index in groups)
+            pool = self._pool
+            return (gather_sequences(layout, td, self.keys, index, pool=pool) for index in groups)
         buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
         return (gather_sequences(layout, td, self.keys, index, out=buffer) for index in groups)

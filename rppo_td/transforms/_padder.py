@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
+from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
 from rppo_td._layout import SequenceLayout
 from rppo_td._validation import (
@@ -34,6 +35,10 @@ class SequencePadder(RolloutTransform):
     ``time_index`` and ``rollout_steps`` (``[N, Lp]`` int64: the step's row and column in the
     rollout, and the rollout's ``W * T``; 0 on padding). The input is not modified. Position 0
     of each sequence holds the rollout's values at its first step, recurrent state included.
+    On CPU the output's leaves are written into memory the padder reuses from its earlier
+    outputs once nothing holds them any more (``del`` them or let them go), which spares a
+    large rollout the kernel's first touch of fresh pages every update: build the padder
+    once and call it every update.
 
     Refused with a ``ValueError`` naming the key: a tensordict that is padded already
     (``loss_mask`` present), a rollout that already holds ``worker_index``, ``time_index`` or
@@ -93,6 +98,7 @@ class SequencePadder(RolloutTransform):
         super().__init__(keys=keys)
         check_pad_to(pad_to)
         self.pad_to = pad_to
+        self._pool = OutputPool()
 
     def _repr_args(self) -> str:
         return f"pad_to={self.pad_to}"
@@ -101,7 +107,7 @@ class SequencePadder(RolloutTransform):
         layout = SequenceLayout.from_rollout(
             tensordict, self.keys, "SequencePadder", pad_to=self.pad_to
         )
-        return layout.gather(tensordict, self.keys)
+        return layout.gather(tensordict, self.keys, pool=self._pool)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys

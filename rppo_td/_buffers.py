@@ -1,0 +1,93 @@
+"""OutputPool: output memory reused once nothing holds it, so large outputs skip fresh pages.
+
+Not a transform: ``SequencePadder`` and the samplers own one each (``_layout`` fills it).
+
+Writing a large output into fresh memory costs the kernel's first touch of every page, which
+on some machines is far slower than the copy itself (benchmarks/pipeline.py prints both). A
+pool keeps the memory of its last outputs and hands it out again for the next one, but only
+when no tensor outside the pool still uses it: every output is a *view* of a pooled buffer,
+so each live output, each view of it and each tensor autograd saved from it counts as a use
+of the buffer's storage. A buffer in use is never written, so reuse is invisible to callers:
+outputs kept alive (``list(sampler(td))``, a graph not yet backwarded) simply get new memory.
+
+CPU only: CUDA's caching allocator already reuses freed blocks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tensordict import NestedKey
+
+__all__ = ["OutputPool"]
+
+# buffers kept per key: an output and its successor are alive at once in
+# ``x = pad(next_rollout)``, so two let every call after the second reuse memory
+SLOTS = 2
+# capacity over the request, so that the next outputs, a few rows larger, still fit
+HEADROOM = 1.25
+
+
+def _uses(buffer: torch.Tensor) -> int:
+    """References to the buffer's storage (its own tensor included, the probe excluded)."""
+    storage = buffer.untyped_storage()
+    return torch._C._storage_Use_Count(storage._cdata) - 1
+
+
+class OutputPool:
+    """Hands out ``[*shape]`` tensors in memory that earlier outputs used, when it is free.
+
+    ``empty(key, shape, like)`` is ``like.new_empty(shape)`` in effect: uninitialised, of
+    ``like``'s dtype and device. On CPU it is a view of one of up to two buffers kept for
+    ``key``, chosen among those no tensor outside the pool uses and large enough; a buffer is
+    (re)allocated with 25% headroom when none fits. Outside CPU, or where torch does not expose
+    storage use counts, it is ``new_empty``.
+
+    Example:
+        >>> pool = OutputPool()
+        >>> a = pool.empty("x", (2, 3), torch.zeros(1))
+        >>> b = pool.empty("x", (2, 3), torch.zeros(1))  # a is alive: other memory
+        >>> a.data_ptr() != b.data_ptr()
+        True
+        >>> ptr = a.data_ptr()
+        >>> del a
+        >>> pool.empty("x", (2, 3), torch.zeros(1)).data_ptr() == ptr  # a's memory again
+        True
+    """
+
+    enabled = hasattr(torch._C, "_storage_Use_Count")
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[NestedKey, torch.dtype], list[torch.Tensor]] = {}
+
+    def empty(self, key: NestedKey, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor of ``like``'s dtype and device (see the class)."""
+        if not self.enabled or like.device.type != "cpu":
+            return like.new_empty(shape)
+        numel = math.prod(shape)
+        slots = self._buffers.setdefault((key, like.dtype), [])
+        free = [b for b in slots if _uses(b) == 1]
+        fits = [b for b in free if b.numel() >= numel]
+        if fits:
+            buffer = min(fits, key=torch.Tensor.numel)
+        else:
+            buffer = like.new_empty(max(int(numel * HEADROOM), 1))
+            if len(slots) < SLOTS:
+                slots.append(buffer)
+            elif free:  # replace a free buffer that is too small
+                slots[next(i for i, b in enumerate(slots) if b is free[0])] = buffer
+            else:  # every kept buffer is in use: this output is not pooled
+                return like.new_empty(shape)
+        return buffer[:numel].view(shape)
+
+    def __getstate__(self) -> dict:
+        # a copy (deepcopy, pickle) of an owner starts with an empty pool, not the buffers
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self._buffers = {}
+
+    def clear(self) -> None:
+        """Drops the kept buffers (their memory is freed once no output uses it)."""
+        self._buffers.clear()

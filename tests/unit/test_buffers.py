@@ -1,0 +1,118 @@
+"""OutputPool and the reuse of output memory by SequencePadder and SequenceSampler.
+
+The property: reusing memory is invisible. Whatever a caller keeps (outputs, views of
+them, tensors autograd saved) is never overwritten, and every output equals the one
+computed without any pool.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSampler
+from rppo_td._buffers import OutputPool
+from rppo_td.testing.strategies import rollouts
+
+
+def test_memory_comes_back_once_the_output_is_gone():
+    pool, like = OutputPool(), torch.zeros(1)
+    a = pool.empty("x", (4, 8), like)
+    b = pool.empty("x", (4, 8), like)
+    assert a.data_ptr() != b.data_ptr()  # a is alive
+    ptr = a.data_ptr()
+    del a
+    assert pool.empty("x", (4, 8), like).data_ptr() == ptr
+    view = b[1:]  # a view keeps b's memory in use
+    del b
+    c = pool.empty("x", (4, 8), like)
+    assert c.data_ptr() != view.data_ptr() - view.stride(0) * view.element_size()
+
+
+def test_memory_saved_for_backward_is_not_reused_until_the_backward():
+    pool, like = OutputPool(), torch.zeros(1)
+    kept = []
+    for _ in range(3):  # both slots saved by graphs: the third output gets new memory
+        a = pool.empty("x", (3,), like).fill_(2.0)
+        weight = torch.ones(3, requires_grad=True)
+        loss = (weight * a).sum()
+        kept.append((loss, weight, a.data_ptr()))
+        del a
+    assert len({ptr for *_, ptr in kept}) == 3
+    for loss, weight, _ in kept:
+        loss.backward()
+        assert torch.equal(weight.grad, torch.full((3,), 2.0))  # nothing was overwritten
+
+
+def test_larger_requests_replace_a_free_buffer_and_other_dtypes_are_apart():
+    pool = OutputPool()
+    small = pool.empty("x", (2,), torch.zeros(1))
+    del small
+    big = pool.empty("x", (100,), torch.zeros(1))
+    assert big.shape == (100,)
+    ints = pool.empty("x", (100,), torch.zeros(1, dtype=torch.int64))
+    assert ints.dtype == torch.int64 and ints.data_ptr() != big.data_ptr()
+
+
+def test_a_copied_owner_starts_with_an_empty_pool():
+    import copy
+
+    padder = SequencePadder()
+    td = SequenceChunker(sequence_length=4)(EpisodeSplitter()(_rollout(0)))
+    padder(td)
+    assert copy.deepcopy(padder)._pool._buffers == {}
+
+
+def _rollout(seed):
+    torch.manual_seed(seed)
+    done = torch.rand(3, 20, 1) < 0.2
+    from tensordict import TensorDict
+
+    return TensorDict(
+        {
+            "observation": torch.randn(3, 20, 5),
+            "big": torch.randn(3, 20, 64),
+            "next": {"done": done, "reward": torch.randn(3, 20, 1)},
+        },
+        batch_size=[3, 20],
+    )
+
+
+@given(rollout=rollouts(), seed=st.integers(0, 2**16), keep=st.sampled_from([0, 1, 2]))
+@settings(max_examples=30, deadline=None)
+def test_kept_outputs_are_never_overwritten_and_every_output_is_exact(rollout, seed, keep):
+    """Three updates through one padder and one sampler, keeping some outputs alive.
+
+    ``keep``: 0 keeps nothing, 1 the padded output of each update, 2 every minibatch too.
+    Everything kept still equals a fresh computation at the end, and each output equals
+    the one of a pool-free path (``td[index]``) at the time it is made.
+    """
+    td = SequenceChunker(sequence_length=3)(EpisodeSplitter()(rollout))
+    padder = SequencePadder()
+    sampler = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
+    lazy = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
+    reference_sampler = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
+    kept, expected = [], []
+    for update in range(3):
+        x = td.apply(lambda v, u=update: v + u if v.is_floating_point() else v)
+        padded = padder(x)
+        fresh = SequencePadder()(x)
+        assert (padded == fresh).all()
+        if keep >= 1:
+            kept.append(padded)
+            expected.append(fresh.clone())
+        groups = list(reference_sampler._groups(fresh.get("loss_mask").sum(-1)))
+        for index, mb, from_rollout in zip(groups, sampler(padded), lazy(x), strict=True):
+            reference = fresh[index]
+            assert (mb == reference).all()
+            assert (from_rollout == reference).all()
+            if keep == 2:
+                kept += [mb, from_rollout]
+                expected += [reference.clone(), reference.clone()]
+        del padded, fresh
+        gc.collect()
+    for got, want in zip(kept, expected, strict=True):
+        assert (got == want).all()
