@@ -27,6 +27,9 @@ __all__ = ["OutputPool"]
 SLOTS = 2
 # capacity over the request, so that the next outputs, a few rows larger, still fit
 HEADROOM = 1.25
+# smaller outputs come from the allocator's heap, whose pages are touched already (glibc's
+# default threshold for fresh mmap'd memory is 128 KiB): pooling them only adds overhead
+MIN_BYTES = 1 << 17
 
 
 def _uses(buffer: torch.Tensor) -> int:
@@ -38,22 +41,23 @@ def _uses(buffer: torch.Tensor) -> int:
 class OutputPool:
     """Hands out ``[*shape]`` tensors in memory that earlier outputs used, when it is free.
 
-    ``empty(key, shape, like)`` is ``like.new_empty(shape)`` in effect: uninitialised, of
-    ``like``'s dtype and device. On CPU it is a view of one of up to two buffers kept for
-    ``key``, chosen among those no tensor outside the pool uses and large enough; a buffer is
-    (re)allocated with 25% headroom when none fits. Outside CPU, or where torch does not expose
-    storage use counts, it is ``new_empty``.
+        ``empty(key, shape, like)`` is ``like.new_empty(shape)`` in effect: uninitialised, of
+        ``like``'s dtype and device. On CPU, for outputs of at least 128 KiB (smaller ones come
+    from touched heap memory anyway), it is a view of one of up to two buffers kept for
+        ``key``, chosen among those no tensor outside the pool uses and large enough; a buffer is
+        (re)allocated with 25% headroom when none fits. Outside CPU, or where torch does not expose
+        storage use counts, it is ``new_empty``.
 
-    Example:
-        >>> pool = OutputPool()
-        >>> a = pool.empty("x", (2, 3), torch.zeros(1))
-        >>> b = pool.empty("x", (2, 3), torch.zeros(1))  # a is alive: other memory
-        >>> a.data_ptr() != b.data_ptr()
-        True
-        >>> ptr = a.data_ptr()
-        >>> del a
-        >>> pool.empty("x", (2, 3), torch.zeros(1)).data_ptr() == ptr  # a's memory again
-        True
+        Example:
+            >>> pool = OutputPool()
+            >>> a = pool.empty("x", (256, 256), torch.zeros(1))
+            >>> b = pool.empty("x", (256, 256), torch.zeros(1))  # a is alive: other memory
+            >>> a.data_ptr() != b.data_ptr()
+            True
+            >>> ptr = a.data_ptr()
+            >>> del a
+            >>> pool.empty("x", (256, 256), torch.zeros(1)).data_ptr() == ptr  # a's memory again
+            True
     """
 
     enabled = hasattr(torch._C, "_storage_Use_Count")
@@ -63,9 +67,9 @@ class OutputPool:
 
     def empty(self, key: NestedKey, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
         """An uninitialised ``shape`` tensor of ``like``'s dtype and device (see the class)."""
-        if not self.enabled or like.device.type != "cpu":
-            return like.new_empty(shape)
         numel = math.prod(shape)
+        if numel * like.element_size() < MIN_BYTES or like.device.type != "cpu" or not self.enabled:
+            return like.new_empty(shape)
         slots = self._buffers.setdefault((key, like.dtype), [])
         free = [b for b in slots if _uses(b) == 1]
         fits = [b for b in free if b.numel() >= numel]

@@ -8,6 +8,7 @@ computed without any pool.
 from __future__ import annotations
 
 import gc
+from unittest import mock
 
 import torch
 from hypothesis import given, settings
@@ -20,15 +21,15 @@ from rppo_td.testing.strategies import rollouts
 
 def test_memory_comes_back_once_the_output_is_gone():
     pool, like = OutputPool(), torch.zeros(1)
-    a = pool.empty("x", (4, 8), like)
-    b = pool.empty("x", (4, 8), like)
+    a = pool.empty("x", (256, 256), like)
+    b = pool.empty("x", (256, 256), like)
     assert a.data_ptr() != b.data_ptr()  # a is alive
     ptr = a.data_ptr()
     del a
-    assert pool.empty("x", (4, 8), like).data_ptr() == ptr
+    assert pool.empty("x", (256, 256), like).data_ptr() == ptr
     view = b[1:]  # a view keeps b's memory in use
     del b
-    c = pool.empty("x", (4, 8), like)
+    c = pool.empty("x", (256, 256), like)
     assert c.data_ptr() != view.data_ptr() - view.stride(0) * view.element_size()
 
 
@@ -36,25 +37,31 @@ def test_memory_saved_for_backward_is_not_reused_until_the_backward():
     pool, like = OutputPool(), torch.zeros(1)
     kept = []
     for _ in range(3):  # both slots saved by graphs: the third output gets new memory
-        a = pool.empty("x", (3,), like).fill_(2.0)
-        weight = torch.ones(3, requires_grad=True)
+        a = pool.empty("x", (3, 2**15), like).fill_(2.0)
+        weight = torch.ones(3, 2**15, requires_grad=True)
         loss = (weight * a).sum()
         kept.append((loss, weight, a.data_ptr()))
         del a
     assert len({ptr for *_, ptr in kept}) == 3
     for loss, weight, _ in kept:
         loss.backward()
-        assert torch.equal(weight.grad, torch.full((3,), 2.0))  # nothing was overwritten
+        assert torch.equal(weight.grad, torch.full((3, 2**15), 2.0))  # nothing was overwritten
 
 
 def test_larger_requests_replace_a_free_buffer_and_other_dtypes_are_apart():
     pool = OutputPool()
-    small = pool.empty("x", (2,), torch.zeros(1))
+    small = pool.empty("x", (2**15,), torch.zeros(1))
     del small
-    big = pool.empty("x", (100,), torch.zeros(1))
-    assert big.shape == (100,)
-    ints = pool.empty("x", (100,), torch.zeros(1, dtype=torch.int64))
+    big = pool.empty("x", (2**17,), torch.zeros(1))
+    assert big.shape == (2**17,)
+    ints = pool.empty("x", (2**17,), torch.zeros(1, dtype=torch.int64))
     assert ints.dtype == torch.int64 and ints.data_ptr() != big.data_ptr()
+
+
+def test_small_outputs_are_not_pooled():
+    pool = OutputPool()
+    pool.empty("x", (16,), torch.zeros(1))
+    assert pool._buffers == {}
 
 
 def test_a_copied_owner_starts_with_an_empty_pool():
@@ -74,7 +81,7 @@ def _rollout(seed):
     return TensorDict(
         {
             "observation": torch.randn(3, 20, 5),
-            "big": torch.randn(3, 20, 64),
+            "big": torch.randn(3, 20, 4096),
             "next": {"done": done, "reward": torch.randn(3, 20, 1)},
         },
         batch_size=[3, 20],
@@ -90,6 +97,11 @@ def test_kept_outputs_are_never_overwritten_and_every_output_is_exact(rollout, s
     Everything kept still equals a fresh computation at the end, and each output equals
     the one of a pool-free path (``td[index]``) at the time it is made.
     """
+    with mock.patch("rppo_td._buffers.MIN_BYTES", 0):  # pool every leaf, however small
+        _three_updates(rollout, seed, keep)
+
+
+def _three_updates(rollout, seed, keep):
     td = SequenceChunker(sequence_length=3)(EpisodeSplitter()(rollout))
     padder = SequencePadder()
     sampler = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
