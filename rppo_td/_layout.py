@@ -223,12 +223,17 @@ def gather_sequences(
     # them one by one into a tensordict with a device costs more than the gathers at small
     # shapes.
     source: dict = {}
+    num_steps = layout.num_workers * layout.time_steps
+
+    def per_step(value: torch.Tensor) -> int:
+        return value.numel() // num_steps if num_steps else 0
+
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
         if out is not None:
             dest = out[key][: flat.shape[0]]
-        elif pool is not None:
+        elif pool is not None and pool.wants(value, flat.numel() * per_step(value)):
             dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
         else:
             dest = None

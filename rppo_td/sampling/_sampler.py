@@ -77,8 +77,12 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
             return td[index]
         if value.device not in on:
             on[value.device] = index.to(value.device)
-        dest = pool.empty(key, (index.numel(), *value.shape[1:]), value)
-        put_leaf(source, key, torch.index_select(value, 0, on[value.device], out=dest))
+        rows = on[value.device]
+        if pool.wants(value, value[0].numel() * rows.numel() if len(value) else 0):
+            dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
+            put_leaf(source, key, torch.index_select(value, 0, rows, out=dest))
+        else:
+            put_leaf(source, key, value.index_select(0, rows))
     return TensorDict._new_unsafe(
         source, batch_size=torch.Size((index.numel(), *td.batch_size[1:])), device=td.device
     )

@@ -21,15 +21,15 @@ from rppo_td.testing.strategies import rollouts
 
 def test_memory_comes_back_once_the_output_is_gone():
     pool, like = OutputPool(), torch.zeros(1)
-    a = pool.empty("x", (256, 256), like)
-    b = pool.empty("x", (256, 256), like)
+    a = pool.empty("x", (2048, 1024), like)
+    b = pool.empty("x", (2048, 1024), like)
     assert a.data_ptr() != b.data_ptr()  # a is alive
     ptr = a.data_ptr()
     del a
-    assert pool.empty("x", (256, 256), like).data_ptr() == ptr
+    assert pool.empty("x", (2048, 1024), like).data_ptr() == ptr
     view = b[1:]  # a view keeps b's memory in use
     del b
-    c = pool.empty("x", (256, 256), like)
+    c = pool.empty("x", (2048, 1024), like)
     assert c.data_ptr() != view.data_ptr() - view.stride(0) * view.element_size()
 
 
@@ -37,24 +37,24 @@ def test_memory_saved_for_backward_is_not_reused_until_the_backward():
     pool, like = OutputPool(), torch.zeros(1)
     kept = []
     for _ in range(3):  # both slots saved by graphs: the third output gets new memory
-        a = pool.empty("x", (3, 2**15), like).fill_(2.0)
-        weight = torch.ones(3, 2**15, requires_grad=True)
+        a = pool.empty("x", (3, 2**21), like).fill_(2.0)
+        weight = torch.ones(3, 2**21, requires_grad=True)
         loss = (weight * a).sum()
         kept.append((loss, weight, a.data_ptr()))
         del a
     assert len({ptr for *_, ptr in kept}) == 3
     for loss, weight, _ in kept:
         loss.backward()
-        assert torch.equal(weight.grad, torch.full((3, 2**15), 2.0))  # nothing was overwritten
+        assert torch.equal(weight.grad, torch.full((3, 2**21), 2.0))  # nothing was overwritten
 
 
 def test_larger_requests_replace_a_free_buffer_and_other_dtypes_are_apart():
     pool = OutputPool()
-    small = pool.empty("x", (2**15,), torch.zeros(1))
+    small = pool.empty("x", (2**21,), torch.zeros(1))
     del small
-    big = pool.empty("x", (2**17,), torch.zeros(1))
-    assert big.shape == (2**17,)
-    ints = pool.empty("x", (2**17,), torch.zeros(1, dtype=torch.int64))
+    big = pool.empty("x", (2**22,), torch.zeros(1))
+    assert big.shape == (2**22,)
+    ints = pool.empty("x", (2**22,), torch.zeros(1, dtype=torch.int64))
     assert ints.dtype == torch.int64 and ints.data_ptr() != big.data_ptr()
 
 
