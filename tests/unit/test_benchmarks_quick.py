@@ -88,3 +88,10 @@ def test_start_states_quick() -> None:
     assert {"stored", "refreshed", "zero", "refreshed + burn-in 4"} <= data["update"].keys()
     assert data["update_ratios"]["stored"] == 1.0
     assert data["refresh_speedup"] > 0
+
+
+def test_memory_readout_quick() -> None:
+    data = run_quick("memory_readout.py", "test_memory_readout_quick")
+    assert [r["head_layers"] for r in data["results"]] == [0, 1]
+    for result in data["results"]:
+        assert result["solved_at"] is None or 0 <= result["solved_at"] < 20
