@@ -24,7 +24,7 @@ from rppo_td._validation import (
 )
 from rppo_td.functional import pad_rows, sequence_layout
 
-__all__ = ["SequenceLayout", "gather_sequences", "put_leaf"]
+__all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf"]
 
 _OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 
@@ -195,6 +195,52 @@ def _check_index(index: torch.Tensor, num_sequences: int, device: torch.device) 
         )
 
 
+@dataclass(frozen=True)
+class ScalarStack:
+    """A rollout's one-number-per-step leaves of one dtype, stacked as rows ``[K, W * T]``.
+
+    Minibatches of a small rollout cost per leaf, not per byte: gathering ``K`` such leaves
+    as one ``[K, W * T]`` tensor is one gather and one padding fill instead of ``K`` of each.
+    Each output leaf is then a row of the gathered ``[K, B * Lp]`` tensor (contiguous).
+
+    Attributes:
+        keys: the ``K`` leaf keys, in the rollout's order.
+        features: each leaf's trailing shape (``()``, ``(1,)``, ...).
+        rows: ``[K, W * T]``.
+    """
+
+    keys: tuple[NestedKey, ...]
+    features: tuple[tuple[int, ...], ...]
+    rows: torch.Tensor
+
+    @staticmethod
+    def of(td: TensorDictBase, device: torch.device) -> list[ScalarStack]:
+        """The stacks of ``td``'s ``[W, T]`` single-number leaves, two or more per dtype.
+
+        Only plain tensors on ``device`` (the sequence ids') qualify; every other leaf is
+        gathered alone, with its checks.
+        """
+        groups: dict[torch.dtype, list[tuple[NestedKey, torch.Tensor]]] = {}
+        steps = td.batch_size.numel()
+        for key, value in td.items(include_nested=True, leaves_only=True):
+            if (
+                type(value) is torch.Tensor
+                and value.device == device
+                and value.numel() == steps
+                and steps
+            ):
+                groups.setdefault(value.dtype, []).append((key, value))
+        return [
+            ScalarStack(
+                tuple(k for k, _ in leaves),
+                tuple(tuple(v.shape[2:]) for _, v in leaves),
+                torch.stack([v.reshape(steps) for _, v in leaves]),
+            )
+            for leaves in groups.values()
+            if len(leaves) > 1
+        ]
+
+
 def gather_sequences(
     layout: SequenceLayout,
     td: TensorDictBase,
@@ -203,11 +249,14 @@ def gather_sequences(
     *,
     out: dict[NestedKey, torch.Tensor] | None = None,
     pool: OutputPool | None = None,
+    stacks: list[ScalarStack] | None = None,
 ) -> TensorDictBase:
     """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups).
 
     With ``pool`` (and no ``out``) the leaves are written into memory the pool reuses once
-    the earlier outputs are gone (``OutputPool``).
+    the earlier outputs are gone (``OutputPool``). With ``stacks`` (``ScalarStack.of``,
+    made once for all minibatches of an epoch) their leaves are gathered together, in fresh
+    memory even with ``out``.
     """
     if index is None:
         flat, mask = layout.flat_index, layout.loss_mask
@@ -228,8 +277,18 @@ def gather_sequences(
     def per_step(value: torch.Tensor) -> int:
         return value.numel() // num_steps if num_steps else 0
 
+    stacked: dict[NestedKey, torch.Tensor] = {}
+    for stack in stacks or ():
+        rows = stack.rows.index_select(1, flat_steps)
+        if pads.numel():
+            rows.index_fill_(1, pads, 0)
+        for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
+            stacked[key] = rows[i].view(*flat.shape, *feature)
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+        if key in stacked:
+            put_leaf(source, key, stacked[key])
+            continue
         check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
         if out is not None:
             dest = out[key][: flat.shape[0]]

@@ -11,7 +11,7 @@ from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 from rppo_td._buffers import OutputPool
 from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._layout import SequenceLayout, gather_sequences, put_leaf
+from rppo_td._layout import ScalarStack, SequenceLayout, gather_sequences, put_leaf
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -254,8 +254,16 @@ class SequenceSampler:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
         # the groups are the plan's own: in range, so gather_sequences skips the index check
+        # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
+        stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
         if not self.reuse_memory:
             pool = self._pool
-            return (gather_sequences(layout, td, self.keys, index, pool=pool) for index in groups)
+            return (
+                gather_sequences(layout, td, self.keys, index, pool=pool, stacks=stacks)
+                for index in groups
+            )
         buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
-        return (gather_sequences(layout, td, self.keys, index, out=buffer) for index in groups)
+        return (
+            gather_sequences(layout, td, self.keys, index, out=buffer, stacks=stacks)
+            for index in groups
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from tensordict import TensorDict
 
 from rppo_td import EpisodeSplitter, RolloutKeys, SequenceChunker, SequenceLayout, SequencePadder
 from tests.unit._data import small_rollout
@@ -30,3 +31,38 @@ def test_gather_subset_equals_indexing_the_full_gather():
     part = layout.gather(td, RolloutKeys(), index)
     assert part.batch_size == (3, 3)
     assert (part == full[index]).all()
+
+
+def test_stacked_scalar_leaves_gather_as_alone():
+    """ScalarStack: the one-number leaves of a dtype gathered together give the same minibatch.
+
+    Same values, dtypes, shapes, key order and contiguous leaves as gathering each alone.
+    """
+    from rppo_td._layout import ScalarStack, gather_sequences
+
+    torch.manual_seed(0)
+    done = torch.rand(3, 12, 1) < 0.3
+    td = TensorDict(
+        {
+            "a": torch.randn(3, 12),
+            "b": torch.randn(3, 12, 1),
+            "vector": torch.randn(3, 12, 4),
+            "flag": torch.rand(3, 12, 1) < 0.5,
+            "next": {"done": done, "reward": torch.randn(3, 12, 1)},
+        },
+        batch_size=[3, 12],
+    )
+    td = SequenceChunker(sequence_length=5)(EpisodeSplitter()(td))
+    keys = RolloutKeys()
+    layout = SequenceLayout.from_rollout(td, keys, "test")
+    stacks = ScalarStack.of(td, layout.flat_index.device)
+    float_stack = next(s for s in stacks if s.rows.dtype == torch.float32)
+    assert set(float_stack.keys) == {"a", "b", ("next", "reward")}  # not the vector
+    index = torch.tensor([2, 0, 1])
+    alone = gather_sequences(layout, td, keys, index)
+    together = gather_sequences(layout, td, keys, index, stacks=stacks)
+    assert list(together.keys(True, True)) == list(alone.keys(True, True))
+    for key in alone.keys(True, True):
+        assert together[key].dtype == alone[key].dtype
+        assert torch.equal(together[key], alone[key])
+        assert together[key].is_contiguous()
