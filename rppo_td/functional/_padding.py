@@ -155,7 +155,7 @@ def _zero_rows(rows: torch.Tensor, positions: torch.Tensor) -> None:
     bytes are zero in any dtype, so rows whose byte width allows it are filled through a
     wider view.
     """
-    if rows.ndim == 2 and rows.element_size() < 8 and rows.is_contiguous():
+    if rows.ndim == 2 and rows.shape[1] and rows.element_size() < 8 and rows.is_contiguous():
         row_bytes = rows.shape[1] * rows.element_size()
         offset_bytes = rows.storage_offset() * rows.element_size()
         for wide in (torch.int64, torch.int32):

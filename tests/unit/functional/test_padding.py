@@ -44,7 +44,7 @@ def test_unpad_golden():
 @given(
     dtype=st.sampled_from([torch.uint8, torch.bool, torch.int16, torch.float16, torch.float32]),
     rows=st.integers(1, 12),
-    width=st.integers(0, 40),
+    width=st.integers(-1, 40),
     offset=st.integers(0, 5),
     data=st.data(),
 )
@@ -52,12 +52,17 @@ def test_unpad_golden():
 def test_zero_rows_through_wide_views_equals_a_plain_fill(dtype, rows, width, offset, data):
     """Padding rows are zeroed exactly, whatever the row's byte width and storage offset.
 
-    ``width`` 0 stands for 1-D rows ``[R]``.
+    ``width`` 0 stands for 1-D rows ``[R]``, -1 for rows of no feature ``[R, 0]``.
     """
     from rppo_td.functional._padding import _zero_rows
 
     flat = torch.randint(1, 100, (offset + rows * max(width, 1),)).to(dtype)
-    x = flat[offset : offset + rows * width].view(rows, width) if width else flat[offset:][:rows]
+    if width < 0:  # rows of no feature: [R, 0]
+        x = flat[:0].view(rows, 0) if rows == 0 else torch.empty(rows, 0, dtype=dtype)
+    elif width:
+        x = flat[offset : offset + rows * width].view(rows, width)
+    else:
+        x = flat[offset:][:rows]
     positions = torch.tensor(
         sorted(data.draw(st.sets(st.integers(0, rows - 1), max_size=rows))), dtype=torch.int64
     )
