@@ -48,7 +48,9 @@ class OutputPool:
     come from touched heap memory anyway), it is a view of one of up to two buffers kept for
     ``key``, chosen among those no tensor outside the pool uses and large enough; a buffer is
     (re)allocated with 25% headroom when none fits. Outside CPU, or where torch does not
-    expose storage use counts, it is ``new_empty``.
+    expose storage use counts, it is ``new_empty``; so is an output of a tensor that requires
+    grad (written with ``out=``, it would leave autograd's graph), or one made in inference
+    mode (its buffer could not be written outside it).
 
     Example:
         >>> pool = OutputPool()
@@ -73,7 +75,12 @@ class OutputPool:
         Callers that make many small outputs ask first, sparing them ``empty``'s overhead.
         """
         return (
-            numel * like.element_size() >= MIN_BYTES and like.device.type == "cpu" and self.enabled
+            numel * like.element_size() >= MIN_BYTES
+            and like.device.type == "cpu"
+            and not like.requires_grad  # out= ops are not recorded by autograd
+            # a buffer made in inference mode could not be written outside it later
+            and not torch.is_inference_mode_enabled()
+            and self.enabled
         )
 
     def empty(self, key: NestedKey, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:

@@ -128,3 +128,49 @@ def _three_updates(rollout, seed, keep):
         gc.collect()
     for got, want in zip(kept, expected, strict=True):
         assert (got == want).all()
+
+
+def test_large_leaves_that_require_grad_keep_their_gradients():
+    """Padder and samplers on a rollout whose large leaves require grad.
+
+    Each real step's gradient arrives once and padding passes none back (the zero fill is
+    recorded by autograd), through the padder, the lazy sampler and the padded sampler.
+    """
+    from tensordict import TensorDict
+
+    torch.manual_seed(0)
+    w, t, width = 2, 1100, 1024  # 8.6 MiB padded: large enough to be pooled if allowed
+    weight = torch.randn(w, t, width, requires_grad=True)
+    rollout = TensorDict(
+        {"obs": weight * 1.0, "next": {"done": torch.rand(w, t, 1) < 0.05}}, batch_size=[w, t]
+    )
+    td = SequenceChunker(sequence_length=8)(EpisodeSplitter()(rollout))
+    scale = 1.0 + torch.arange(width)
+    for make in (
+        lambda: [SequencePadder()(td)],
+        lambda: list(SequenceSampler(2)(td)),
+        lambda: list(SequenceSampler(2)(SequencePadder()(td))),
+    ):
+        weight.grad = None
+        sum((o["obs"] * scale).sum() for o in make()).backward(retain_graph=True)
+        assert torch.equal(weight.grad, scale.expand(w, t, width))
+
+
+def test_inference_mode_and_normal_calls_mix():
+    """Calls inside and outside ``torch.inference_mode`` in any order give exact outputs."""
+    from tensordict import TensorDict
+
+    torch.manual_seed(0)
+    rollout = TensorDict(
+        {"obs": torch.randn(2, 1100, 1024), "next": {"done": torch.rand(2, 1100, 1) < 0.05}},
+        batch_size=[2, 1100],
+    )
+    td = SequenceChunker(sequence_length=8)(EpisodeSplitter()(rollout))
+    padder, sampler = SequencePadder(), SequenceSampler(2)
+    expected = SequencePadder()(td)["obs"].clone()
+    for inference in (True, False, True, False):
+        with torch.inference_mode(inference):
+            out = padder(td)
+            assert torch.equal(out["obs"], expected)
+            assert sum(mb["loss_mask"].sum() for mb in sampler(td)) == 2200
+        del out
