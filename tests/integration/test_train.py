@@ -340,3 +340,14 @@ def test_a_ctrl_c_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
     assert main([]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "rppo-train: interrupted"
+
+
+def test_a_format_2_checkpoint_is_refused_with_the_reason(tmp_path, capsys):
+    """Format 2 networks load into the same names but act differently: refused, saying why."""
+    path = tmp_path / "old" / "checkpoint.pt"
+    path.parent.mkdir()
+    torch.save({"format_version": 2, "config": {}}, path)
+    with pytest.raises(SystemExit):
+        eval_main(["--checkpoint", str(path)])
+    err = capsys.readouterr().err
+    assert "format_version: 2" in err and "policy head" in err and "retrain" in err
