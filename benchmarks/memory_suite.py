@@ -340,13 +340,15 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
             for r in suite.runs.values()
             if r["task"] == task.name and r["returncode"] == 0 and current(r)
         ]
-        by_flags: dict[str, list[dict]] = {"": [r for r in own if is_default(r)]}
+        by_flags: dict[str, list[dict]] = {"": []}
         for r in own:
             flags = r["overrides"]
-            if is_default(r) or "sequence-length" in flags or r.get("total_steps_override"):
-                continue  # the preset's, or an ablation cell
-            text = " ".join(f"--{k} {v}" for k, v in sorted(flags.items()))
-            by_flags.setdefault(text, []).append(r)
+            if is_default(r):
+                by_flags[""].append(r)
+            elif "sequence-length" not in flags and not r.get("total_steps_override"):
+                # flags over the preset that are not an ablation cell
+                text = " ".join(f"--{k} {v}" for k, v in sorted(flags.items()))
+                by_flags.setdefault(text, []).append(r)
         groups += [(task, text, runs) for text, runs in by_flags.items() if runs]
     return groups
 

@@ -6,6 +6,7 @@ Not a transform: it sits between ``functional`` and both ``transforms`` (the pad
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -272,11 +273,6 @@ def gather_sequences(
     # them one by one into a tensordict with a device costs more than the gathers at small
     # shapes.
     source: dict = {}
-    num_steps = layout.num_workers * layout.time_steps
-
-    def per_step(value: torch.Tensor) -> int:
-        return value.numel() // num_steps if num_steps else 0
-
     stacked: dict[NestedKey, torch.Tensor] = {}
     for stack in stacks or ():
         rows = stack.rows.index_select(1, flat_steps)
@@ -292,7 +288,7 @@ def gather_sequences(
         check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
         if out is not None:
             dest = out[key][: flat.shape[0]]
-        elif pool is not None and pool.wants(value, flat.numel() * per_step(value)):
+        elif pool is not None and pool.wants(value, flat.numel() * math.prod(value.shape[2:])):
             dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
         else:
             dest = None

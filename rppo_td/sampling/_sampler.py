@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Literal
 
@@ -78,7 +79,7 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
         if value.device not in on:
             on[value.device] = index.to(value.device)
         rows = on[value.device]
-        if pool.wants(value, value[0].numel() * rows.numel() if len(value) else 0):
+        if pool.wants(value, math.prod(value.shape[1:]) * rows.numel()):
             dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
             put_leaf(source, key, torch.index_select(value, 0, rows, out=dest))
         else:
@@ -253,9 +254,9 @@ class SequenceSampler:
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
-        # the groups are the plan's own: in range, so gather_sequences skips the index check
         # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
         stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
+        # the groups are the plan's own: in range, so gather_sequences skips the index check
         if not self.reuse_memory:
             pool = self._pool
             return (
