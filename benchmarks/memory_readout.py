@@ -11,9 +11,11 @@ first iteration (of ``--iterations`` Adam steps, batch 256) at which a fresh bat
 without error.
 
 ``head_layers=0`` is a policy affine in the core's output, which is what every ``head_layers``
-gave before checkpoint format 3 (the policy head lacked its ReLU).
+gave before checkpoint format 3 (the policy head lacked its ReLU). ``--forget-bias`` is added to
+the LSTM's forget-gate bias at initialisation (0: PyTorch's initialisation, where the gate starts
+near 0.5 and a cue fades by about ``2**-9`` over the 9 steps before the comparison).
 
-    python benchmarks/memory_readout.py                 # head_layers 0 and 1, seeds 0-2
+    python benchmarks/memory_readout.py                 # head_layers 0/1 x forget_bias 0/5
     python benchmarks/memory_readout.py --quick         # one seed, few iterations
 """
 
@@ -46,7 +48,9 @@ def batch(size: int, length: int, generator: torch.Generator) -> tuple[TensorDic
     return TensorDict({"observation": obs}, [size, length]), (a == b).long()
 
 
-def first_solved(head_layers: int, seed: int, args: argparse.Namespace) -> int | None:
+def first_solved(
+    head_layers: int, forget_bias: float, seed: int, args: argparse.Namespace
+) -> int | None:
     """The first iteration whose fresh batch is classified without error, or None."""
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -56,6 +60,7 @@ def first_solved(head_layers: int, seed: int, args: argparse.Namespace) -> int |
         recurrence="lstm",
         hidden_size=args.hidden_size,
         head_layers=head_layers,
+        forget_bias=forget_bias,
         shared_critic=True,
     )
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
@@ -76,6 +81,7 @@ def first_solved(head_layers: int, seed: int, args: argparse.Namespace) -> int |
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--head-layers", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--forget-bias", type=float, nargs="+", default=[0.0, 5.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--length", type=int, default=9, help="steps from cue a to cue b")
@@ -90,17 +96,25 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = []
     for head_layers in args.head_layers:
-        for seed in args.seeds:
-            start = time.perf_counter()
-            solved = first_solved(head_layers, seed, args)
-            seconds = time.perf_counter() - start
-            results.append({"head_layers": head_layers, "seed": seed, "solved_at": solved})
-            shown = "not within" if solved is None else f"at iteration {solved} of"
-            print(
-                f"head_layers={head_layers} seed={seed}: solved {shown} {args.iterations} "
-                f"({seconds:.0f} s)",
-                flush=True,
-            )
+        for forget_bias in args.forget_bias:
+            for seed in args.seeds:
+                start = time.perf_counter()
+                solved = first_solved(head_layers, forget_bias, seed, args)
+                seconds = time.perf_counter() - start
+                results.append(
+                    {
+                        "head_layers": head_layers,
+                        "forget_bias": forget_bias,
+                        "seed": seed,
+                        "solved_at": solved,
+                    }
+                )
+                shown = "not within" if solved is None else f"at iteration {solved} of"
+                print(
+                    f"head_layers={head_layers} forget_bias={forget_bias:g} seed={seed}: "
+                    f"solved {shown} {args.iterations} ({seconds:.0f} s)",
+                    flush=True,
+                )
     name = args.output or ("memory_readout_quick" if args.quick else "memory_readout")
     write_json(name, {"settings": vars(args), "results": results})
 

@@ -139,6 +139,13 @@ class TrainConfig:
     head_layers: int = _doc(
         "hidden layers in each of the policy and value heads", default=1, low=0, high=64
     )
+    forget_bias: float = _doc(
+        "added to the LSTM forget gate's initial bias (0: PyTorch's init; 3 to 5 keep a cue "
+        "from the first update, which memory tasks learn faster with); LSTM only",
+        default=0.0,
+        low=-100.0,
+        high=100.0,
+    )
     normalize_observations: bool = _doc(
         "standardise vector observations (running stats)", default=True
     )
@@ -258,6 +265,11 @@ class TrainConfig:
             raise ValueError(
                 f"start_state={self.start_state!r} and burn_in={self.burn_in} need a recurrent "
                 "core; recurrence='none' has no state (use start_state='stored', burn_in=0)"
+            )
+        if self.forget_bias and self.recurrence != "lstm":
+            raise ValueError(
+                f"forget_bias={self.forget_bias} sets an LSTM's forget gate; "
+                f"recurrence={self.recurrence!r} has none (use forget_bias=0 or recurrence='lstm')"
             )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
         if self.num_minibatches > fewest:

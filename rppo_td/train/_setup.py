@@ -34,6 +34,7 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
         hidden_size=config.hidden_size,
         num_layers=config.num_layers,
         head_layers=config.head_layers,
+        forget_bias=config.forget_bias,
         shared_critic=config.shared_critic,
         normalize_observations=config.normalize_observations,
     )

@@ -92,6 +92,7 @@ def test_start_states_quick() -> None:
 
 def test_memory_readout_quick() -> None:
     data = run_quick("memory_readout.py", "test_memory_readout_quick")
-    assert [r["head_layers"] for r in data["results"]] == [0, 1]
+    cells = [(r["head_layers"], r["forget_bias"]) for r in data["results"]]
+    assert cells == [(0, 0.0), (0, 5.0), (1, 0.0), (1, 5.0)]
     for result in data["results"]:
         assert result["solved_at"] is None or 0 <= result["solved_at"] < 20

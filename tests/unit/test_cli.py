@@ -109,6 +109,9 @@ def test_config_file_then_flags(tmp_path):
         (["--burn-in", "-1"], "burn_in must be"),
         (["--recurrence", "none", "--burn-in", "4"], "burn_in=4 need a recurrent core"),
         (["--recurrence", "none", "--start-state", "zero"], "need a recurrent core"),
+        (["--recurrence", "gru", "--forget-bias", "3"], "recurrence='gru' has none"),
+        (["--forget-bias", "nan"], "forget_bias must be"),
+        (["--forget-bias", "1000"], "forget_bias must be"),
     ],
 )
 def test_bad_values_give_clear_errors(capsys, argv, message):

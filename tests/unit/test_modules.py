@@ -324,3 +324,48 @@ def test_the_policy_reads_the_core_through_head_layers_relu_layers(head_layers, 
         # an affine map f has f(a) + f(b) == f(a + b) + f(0)
         gap = (logits(a) + logits(b) - logits(a + b) - logits(torch.zeros_like(a))).abs().max()
     assert (gap > 1e-5) == (head_layers > 0)
+
+
+@given(
+    forget_bias=st.floats(-5.0, 5.0, allow_nan=False),
+    num_layers=st.integers(1, 3),
+    shared_critic=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=20, deadline=None)
+def test_forget_bias_shifts_only_the_forget_gates_of_every_lstm_layer(
+    forget_bias, num_layers, shared_critic, seed
+):
+    """Every layer of every LSTM (actor and critic) has ``forget_bias`` added to its forget
+    gate's input bias and nothing else changed: the same seed without it gives the rest."""
+    kwargs = dict(hidden_size=8, num_layers=num_layers, shared_critic=shared_critic)
+    torch.manual_seed(seed)
+    plain = RecurrentActorCritic(BOX, ACTIONS["discrete"], **kwargs)
+    torch.manual_seed(seed)
+    shifted = RecurrentActorCritic(BOX, ACTIONS["discrete"], forget_bias=forget_bias, **kwargs)
+    expected = {name: p.detach().clone() for name, p in plain.named_parameters()}
+    for name in expected:
+        if ".core.bias_ih_l" in name:
+            expected[name][8:16] += forget_bias  # gates (input, forget, cell, output)
+    cores = sum(".core.bias_ih_l" in name for name in expected)
+    assert cores == num_layers * (1 if shared_critic else 2)
+    for name, p in shifted.named_parameters():
+        torch.testing.assert_close(p, expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("recurrence", "forget_bias", "match"),
+    [
+        ("gru", 1.0, "recurrence is 'gru'"),
+        ("none", 3.0, "recurrence is 'none'"),
+        ("lstm", float("nan"), "finite number, got nan"),
+        ("lstm", float("inf"), "finite number, got inf"),
+    ],
+)
+def test_forget_bias_refuses_cores_without_a_forget_gate_and_non_finite_values(
+    recurrence, forget_bias, match
+):
+    with pytest.raises(ValueError, match=match):
+        RecurrentActorCritic(
+            BOX, ACTIONS["discrete"], recurrence=recurrence, forget_bias=forget_bias
+        )
