@@ -113,7 +113,7 @@ class TrainConfig:
         "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
     )
     total_steps: int = _doc("env steps to train for (all workers together)", default=100_000, low=1)
-    num_workers: int = _doc("parallel envs W", default=16, low=1, high=100_000)
+    num_workers: int = _doc("parallel envs W", default=32, low=1, high=100_000)
     rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32, low=1)
     sequence_length: int = _doc(
         "max BPTT sequence length L (episodes are cut into <= L)", default=16, low=1
@@ -157,7 +157,7 @@ class TrainConfig:
         low=0,
     )
     shared_critic: bool = _doc("share the encoder and core between policy and value", default=False)
-    gamma: float = _doc("discount", default=0.98, low=0.0, high=1.0)
+    gamma: float = _doc("discount", default=0.99, low=0.0, high=1.0)
     lmbda: float = _doc(
         "GAE lambda (TorchRL's name; formerly gae_lambda)", default=0.8, low=0.0, high=1.0
     )
