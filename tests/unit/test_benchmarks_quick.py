@@ -96,3 +96,14 @@ def test_memory_readout_quick() -> None:
     assert cells == [(0, 0.0), (0, 5.0), (1, 0.0), (1, 5.0)]
     for result in data["results"]:
         assert result["solved_at"] is None or 0 <= result["solved_at"] < 20
+
+
+def test_learning_floor_quick() -> None:
+    data = run_quick("learning_floor.py", "test_learning_floor_quick")
+    batch, length = data["minibatch"]
+    # the episode ends are cleared: each worker's 32 steps make two sequences of 16
+    assert (batch, length) == (32 * 2, 16)
+    assert data["gradient_steps"] == 97 * 10
+    step, lstm = data["times"]["step"], data["times"]["lstm"]
+    assert lstm["ms_per_step"] > 0 and step["ms_per_step"] > 0
+    assert data["lstm_share"] == pytest.approx(lstm["ms_per_step"] / step["ms_per_step"])
