@@ -211,6 +211,25 @@ def time_interleaved(
     }
 
 
+def first_minibatch(trainer, *, episode_ends: bool = True) -> TensorDictBase:
+    """The first ``[B, Lp]`` minibatch of a ``rppo_td.train.Trainer``'s first update.
+
+    With ``episode_ends=False`` the rollout's done flags and ``is_init`` are cleared before the
+    update prepares it, so each worker's ``T`` steps make the fewest sequences,
+    ``ceil(T / L)``, as in a late update of a solved run (the first rollout's random episodes
+    are short).
+    """
+    ppo = trainer.ppo
+    rollout = next(trainer._batches)
+    if not episode_ends:
+        for key in rollout.keys(True, True):
+            name = key[-1] if isinstance(key, tuple) else key
+            if name in ("done", "terminated", "truncated", "is_init"):
+                rollout.set(key, torch.zeros_like(rollout.get(key)))
+    rollout = ppo.prepare(rollout).select(*ppo.keys)
+    return next(iter(ppo.sampler(ppo.padder(rollout))))
+
+
 # --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------

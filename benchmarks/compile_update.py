@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import torch
+from _common import first_minibatch
 
 from rppo_td.train import TrainConfig, Trainer
 
@@ -26,8 +27,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(TrainConfig(output=f"{tmp}/run", progress=False, eval_episodes=0))
         ppo = trainer.ppo
-        rollout = ppo.prepare(next(trainer._batches)).select(*ppo.keys)
-        minibatch = next(iter(ppo.sampler(ppo.padder(rollout))))
+        minibatch = first_minibatch(trainer)
 
         def step(loss_fn) -> None:
             out = loss_fn(minibatch)

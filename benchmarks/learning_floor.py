@@ -28,7 +28,7 @@ import json
 import tempfile
 
 import torch
-from _common import RESULTS, time_interleaved, write_json
+from _common import RESULTS, first_minibatch, time_interleaved, write_json
 from torch import nn
 
 from rppo_td.train import TrainConfig, Trainer
@@ -57,15 +57,7 @@ def main() -> None:
         config = TrainConfig(output=f"{tmp}/run", progress=False, eval_episodes=0)
         trainer = Trainer(config)
         ppo = trainer.ppo
-        rollout = next(trainer._batches)
-        # no episode ends: each worker's steps make the fewest sequences, as in a late update
-        # of a solved run (the first one's random episodes are short)
-        for key in rollout.keys(True, True):
-            name = key[-1] if isinstance(key, tuple) else key
-            if name in ("done", "terminated", "truncated", "is_init"):
-                rollout.set(key, torch.zeros_like(rollout.get(key)))
-        rollout = ppo.prepare(rollout).select(*ppo.keys)
-        minibatch = next(iter(ppo.sampler(ppo.padder(rollout))))
+        minibatch = first_minibatch(trainer, episode_ends=False)
         batch, length = minibatch.batch_size
         hidden = config.hidden_size
         cores = [trainer.agent.actor_trunk.core, trainer.agent.critic_trunk.core]
