@@ -20,7 +20,7 @@ import math
 import torch
 from tensordict import NestedKey
 
-__all__ = ["STACK_MIN_BYTES", "OutputPool"]
+__all__ = ["OutputPool"]
 
 # buffers kept per key: an output and its successor are alive at once in
 # ``x = pad(next_rollout)``, so two let every call after the second reuse memory
@@ -32,10 +32,6 @@ HEADROOM = 1.25
 # 32 MiB); measured on the 2-core VM, a pooled 64 MiB gather took 10 ms against 70 ms into
 # fresh memory, at 4-16 MiB the two were even, and below 1 MiB the pool only adds overhead
 MIN_BYTES = 8 << 20
-# the samplers' stacked leaves (a few outputs per epoch) are pooled from glibc's default mmap
-# threshold: larger blocks may come from fresh pages, whose first touch on the project's VM
-# ran at about 0.6 GB/s (an epoch of 256x128 spent 3 ms of its 13 ms on the 2 MB of stacks)
-STACK_MIN_BYTES = 128 << 10
 
 
 def _uses(buffer: torch.Tensor) -> int:
@@ -73,15 +69,13 @@ class OutputPool:
     def __init__(self) -> None:
         self._buffers: dict[tuple[NestedKey, torch.dtype], list[torch.Tensor]] = {}
 
-    def wants(self, like: torch.Tensor, numel: int, min_bytes: int = MIN_BYTES) -> bool:
+    def wants(self, like: torch.Tensor, numel: int) -> bool:
         """Whether an output of ``numel`` elements like ``like`` is pooled (else: allocate it).
 
         Callers that make many small outputs ask first, sparing them ``empty``'s overhead.
-        ``min_bytes`` lowers the size from which outputs are pooled, for callers that make
-        few of them (a handful per epoch, where the pool's own cost does not count).
         """
         return (
-            numel * like.element_size() >= min_bytes
+            numel * like.element_size() >= MIN_BYTES
             and like.device.type == "cpu"
             and not like.requires_grad  # out= ops are not recorded by autograd
             # a buffer made in inference mode could not be written outside it later
@@ -89,19 +83,10 @@ class OutputPool:
             and self.enabled
         )
 
-    def empty(
-        self,
-        key: NestedKey,
-        shape: tuple[int, ...],
-        like: torch.Tensor,
-        min_bytes: int = MIN_BYTES,
-    ) -> torch.Tensor:
-        """An uninitialised ``shape`` tensor of ``like``'s dtype and device (see the class).
-
-        ``min_bytes`` as in ``wants``.
-        """
+    def empty(self, key: NestedKey, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """An uninitialised ``shape`` tensor of ``like``'s dtype and device (see the class)."""
         numel = math.prod(shape)
-        if not self.wants(like, numel, min_bytes):
+        if not self.wants(like, numel):
             return like.new_empty(shape)
         slots = self._buffers.setdefault((key, like.dtype), [])
         free = [b for b in slots if _uses(b) == 1]

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
-from rppo_td._buffers import STACK_MIN_BYTES, OutputPool
+from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
     check_dtype,
@@ -26,7 +25,7 @@ from rppo_td._validation import (
 )
 from rppo_td.functional import pad_rows, sequence_layout
 
-__all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "leaf_items", "put_leaf"]
+__all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf"]
 
 _OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 
@@ -197,10 +196,6 @@ def _check_index(index: torch.Tensor, num_sequences: int, device: torch.device) 
         )
 
 
-# steps up to which ScalarStack.of stacks every dtype for column gathers on a CPU
-SMALL_COLUMN_STACK = 4096
-
-
 @dataclass(frozen=True)
 class ScalarStack:
     """A rollout's one-number-per-step leaves of one dtype, stacked as rows ``[K, W * T]``.
@@ -219,90 +214,32 @@ class ScalarStack:
     features: tuple[tuple[int, ...], ...]
     rows: torch.Tensor
 
-    def gather(self, columns: torch.Tensor, pool: OutputPool | None = None) -> torch.Tensor:
-        """``[K, C]``: the stack's columns ``[C]`` int64, in ``pool``'s memory when it wants it."""
-        count = columns.numel()
-        if pool is not None and pool.wants(self.rows, len(self.keys) * count, STACK_MIN_BYTES):
-            shape = (len(self.keys), count)
-            dest = pool.empty(f"<stack {self.keys}>", shape, self.rows, STACK_MIN_BYTES)
-            return torch.index_select(self.rows, 1, columns, out=dest)
-        return self.rows.index_select(1, columns)
-
-    def select(
-        self, index: torch.Tensor, length: int, pool: OutputPool | None = None
-    ) -> torch.Tensor:
-        """``[K, B, Lp]``: sequences ``index`` ``[B]`` int64 of a stack of ``[N, Lp]`` leaves.
-
-        Seen as ``[K, N, Lp]``, one gather of ``B`` whole rows per leaf (several times faster
-        than gathering their ``B * Lp`` columns one by one).
-        """
-        rows = self.rows.view(len(self.keys), -1, length)
-        shape = (len(self.keys), index.numel(), length)
-        if pool is not None and pool.wants(self.rows, math.prod(shape), STACK_MIN_BYTES):
-            dest = pool.empty(f"<stack {self.keys}>", shape, self.rows, STACK_MIN_BYTES)
-            return torch.index_select(rows, 1, index, out=dest)
-        return rows.index_select(1, index)
-
     @staticmethod
-    def of(
-        td: TensorDictBase,
-        device: torch.device,
-        *,
-        columns: bool,
-        pool: OutputPool | None = None,
-        leaves: list[tuple[NestedKey, Any]] | None = None,
-    ) -> list[ScalarStack]:
-        """The stacks of ``td``'s ``[W, T]`` or ``[N, Lp]`` one-number leaves (2+ a dtype).
+    def of(td: TensorDictBase, device: torch.device) -> list[ScalarStack]:
+        """The stacks of ``td``'s ``[W, T]`` single-number leaves, two or more per dtype.
 
         Only plain tensors on ``device`` (the sequence ids') qualify; every other leaf is
-        gathered alone, with its checks. ``columns=True`` is for ``gather`` (a column per
-        step), ``False`` for ``select`` (a row per sequence): on a CPU, beyond 4096 steps, a
-        column gather is only faster than a gather per leaf for float32 (torch's CPU
-        ``index_select`` along dim 1 is vectorised for it; four int64 leaves took 48 us
-        stacked against 27 us alone at 16384 steps, 103 us against 46 us at 32768, and the
-        same at 4096, measured on the project's VM), so other dtypes are left unstacked there.
-        With ``pool`` the stacks are written into its memory (reused from epoch to epoch once
-        the last epoch's stacks are gone). ``leaves`` is ``leaf_items(td)`` when the caller has
-        read it already.
+        gathered alone, with its checks.
         """
         groups: dict[torch.dtype, list[tuple[NestedKey, torch.Tensor]]] = {}
         steps = td.batch_size.numel()
-        # column stacks of other dtypes only pay for themselves on small rollouts on a CPU
-        cpu_columns = columns and device.type == "cpu" and steps > SMALL_COLUMN_STACK
-        for key, value in leaf_items(td) if leaves is None else leaves:
+        for key, value in td.items(include_nested=True, leaves_only=True):
             if (
                 type(value) is torch.Tensor
                 and value.device == device
                 and value.numel() == steps
                 and steps
-                and not (cpu_columns and value.dtype != torch.float32)
             ):
                 groups.setdefault(value.dtype, []).append((key, value))
         return [
             ScalarStack(
                 tuple(k for k, _ in leaves),
                 tuple(tuple(v.shape[2:]) for _, v in leaves),
-                _stack_rows([v.reshape(steps) for _, v in leaves], pool),
+                torch.stack([v.reshape(steps) for _, v in leaves]),
             )
             for leaves in groups.values()
             if len(leaves) > 1
         ]
-
-
-def _stack_rows(rows: list[torch.Tensor], pool: OutputPool | None) -> torch.Tensor:
-    """``torch.stack(rows)`` ``[K, S]``, into ``pool``'s memory when it wants it."""
-    first = rows[0]
-    numel = len(rows) * first.numel()
-    if (
-        pool is None
-        or any(r.requires_grad for r in rows)  # out= ops are not recorded by autograd
-        or not pool.wants(first, numel, STACK_MIN_BYTES)
-    ):
-        return torch.stack(rows)
-    dest = pool.empty(
-        ("<stack rows>", str(first.dtype)), (len(rows), first.numel()), first, STACK_MIN_BYTES
-    )
-    return torch.stack(rows, out=dest)
 
 
 def gather_sequences(
@@ -314,16 +251,13 @@ def gather_sequences(
     out: dict[NestedKey, torch.Tensor] | None = None,
     pool: OutputPool | None = None,
     stacks: list[ScalarStack] | None = None,
-    leaves: list[tuple[NestedKey, Any]] | None = None,
 ) -> TensorDictBase:
     """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups).
 
-    ``leaves`` is ``leaf_items(td)`` when the caller read it once for several gathers.
-
     With ``pool`` (and no ``out``) the leaves are written into memory the pool reuses once
     the earlier outputs are gone (``OutputPool``). With ``stacks`` (``ScalarStack.of``,
-    made once for all minibatches of an epoch) their leaves are gathered together, into the
-    pool's memory when there is one (fresh memory with ``out``).
+    made once for all minibatches of an epoch) their leaves are gathered together, in fresh
+    memory even with ``out``.
     """
     if index is None:
         flat, mask = layout.flat_index, layout.loss_mask
@@ -341,12 +275,13 @@ def gather_sequences(
     source: dict = {}
     stacked: dict[NestedKey, torch.Tensor] = {}
     for stack in stacks or ():
-        rows = stack.gather(flat_steps, pool if out is None else None)
+        rows = stack.rows.index_select(1, flat_steps)
         if pads.numel():
             rows.index_fill_(1, pads, 0)
         for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
             stacked[key] = rows[i].view(*flat.shape, *feature)
-    for key, value in leaf_items(td) if leaves is None else leaves:
+    # is_leaf_nontensor: without it items() skips non-tensor leaves silently
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         if key in stacked:
             put_leaf(source, key, stacked[key])
             continue
@@ -370,14 +305,6 @@ def gather_sequences(
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of
     # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
     return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
-
-
-def leaf_items(td: TensorDictBase) -> list[tuple[NestedKey, Any]]:
-    """Every leaf of ``td`` with its nested key, non-tensor leaves included.
-
-    ``is_leaf_nontensor``: without it ``items`` skips non-tensor leaves silently.
-    """
-    return list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
 
 
 def put_leaf(source: dict, key: NestedKey, value: torch.Tensor) -> None:

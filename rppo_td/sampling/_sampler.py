@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Literal
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._buffers import OutputPool
 from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._layout import ScalarStack, SequenceLayout, gather_sequences, leaf_items, put_leaf
+from rppo_td._layout import ScalarStack, SequenceLayout, gather_sequences, put_leaf
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -64,36 +64,16 @@ def mask_conditions(
     ]
 
 
-def select_rows(
-    td: TensorDictBase,
-    index: torch.Tensor,
-    pool: OutputPool,
-    stacks: list[ScalarStack] | None = None,
-    leaves: list[tuple[NestedKey, Any]] | None = None,
-) -> TensorDictBase:
+def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
     """``td[index]`` for ``[B]`` int64 ``index``, its leaves written into ``pool``'s memory.
 
-    ``leaves`` is ``leaf_items(td)``, read once for all minibatches of an epoch (at small
-    shapes walking the tensordict costs about as much as the gathers); None reads it here.
-
-    ``td`` is ``[N, Lp]``. With ``stacks`` (``ScalarStack.of(td, ...)``, made once for all
-    minibatches of an epoch) the one-number-per-position leaves are selected together: one
-    gather of the ``[K, N, Lp]`` stack instead of ``K``, each output leaf a contiguous row of
-    it. Other tensordict types than ``TensorDict``, and non-tensor leaves, take ``td[index]``.
+    Other tensordict types than ``TensorDict``, and non-tensor leaves, take ``td[index]``.
     """
     if type(td) is not TensorDict:
         return td[index]
     source: dict = {}
-    stacked: dict[NestedKey, torch.Tensor] = {}
-    for stack in stacks or ():
-        rows = stack.select(index, td.batch_size[1], pool)
-        for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
-            stacked[key] = rows[i].view(*rows.shape[1:], *feature)
     on = {index.device: index}
-    for key, value in leaf_items(td) if leaves is None else leaves:
-        if key in stacked:
-            put_leaf(source, key, stacked[key])
-            continue
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         if type(value) is not torch.Tensor:  # non-tensor data, tensor subclasses
             return td[index]
         if value.device not in on:
@@ -269,35 +249,22 @@ class SequenceSampler:
         check_not_meta({self.keys.loss_mask: mask})
         lengths = mask.sum(-1)
         groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
-        # the one-number-per-position leaves of each dtype, selected together (stacked once
-        # per epoch); not for other tensordict types, which select_rows indexes as they are
-        stacks = leaves = None
-        if len(groups) > 1 and type(td) is TensorDict:
-            leaves = leaf_items(td)
-            stacks = ScalarStack.of(td, mask.device, columns=False, pool=self._pool, leaves=leaves)
-        return (select_rows(td, index, self._pool, stacks, leaves) for index in groups)
+        return (select_rows(td, index, self._pool) for index in groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
         # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
-        stacks = leaves = None
-        if len(groups) > 1:
-            leaves = leaf_items(td)
-            stacks = ScalarStack.of(
-                td, layout.flat_index.device, columns=True, pool=self._pool, leaves=leaves
-            )
+        stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
         # the groups are the plan's own: in range, so gather_sequences skips the index check
         if not self.reuse_memory:
             pool = self._pool
             return (
-                gather_sequences(
-                    layout, td, self.keys, index, pool=pool, stacks=stacks, leaves=leaves
-                )
+                gather_sequences(layout, td, self.keys, index, pool=pool, stacks=stacks)
                 for index in groups
             )
         buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
         return (
-            gather_sequences(layout, td, self.keys, index, out=buffer, stacks=stacks, leaves=leaves)
+            gather_sequences(layout, td, self.keys, index, out=buffer, stacks=stacks)
             for index in groups
         )

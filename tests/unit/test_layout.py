@@ -33,7 +33,7 @@ def test_gather_subset_equals_indexing_the_full_gather():
     assert (part == full[index]).all()
 
 
-def test_stacked_scalar_leaves_gather_as_alone(monkeypatch):
+def test_stacked_scalar_leaves_gather_as_alone():
     """ScalarStack: the one-number leaves of a dtype gathered together give the same minibatch.
 
     Same values, dtypes, shapes, key order and contiguous leaves as gathering each alone.
@@ -55,10 +55,9 @@ def test_stacked_scalar_leaves_gather_as_alone(monkeypatch):
     td = SequenceChunker(sequence_length=5)(EpisodeSplitter()(td))
     keys = RolloutKeys()
     layout = SequenceLayout.from_rollout(td, keys, "test")
-    stacks = ScalarStack.of(td, layout.flat_index.device, columns=True)
+    stacks = ScalarStack.of(td, layout.flat_index.device)
     float_stack = next(s for s in stacks if s.rows.dtype == torch.float32)
     assert set(float_stack.keys) == {"a", "b", ("next", "reward")}  # not the vector
-    assert {s.rows.dtype for s in stacks} == {torch.float32, torch.int64, torch.bool}  # small
     index = torch.tensor([2, 0, 1])
     alone = gather_sequences(layout, td, keys, index)
     together = gather_sequences(layout, td, keys, index, stacks=stacks)
@@ -66,48 +65,4 @@ def test_stacked_scalar_leaves_gather_as_alone(monkeypatch):
     for key in alone.keys(True, True):
         assert together[key].dtype == alone[key].dtype
         assert torch.equal(together[key], alone[key])
-        assert together[key].is_contiguous()
-    # beyond SMALL_COLUMN_STACK steps a CPU's column gathers are stacked for float32 only
-    # (the others are slower stacked there); row selects stack every dtype
-    monkeypatch.setattr("rppo_td._layout.SMALL_COLUMN_STACK", 8)
-    large = ScalarStack.of(td, layout.flat_index.device, columns=True)
-    assert [s.rows.dtype for s in large] == [torch.float32]
-    rows = ScalarStack.of(td, layout.flat_index.device, columns=False)
-    assert {s.rows.dtype for s in rows} == {torch.float32, torch.int64, torch.bool}
-    mixed = gather_sequences(layout, td, keys, index, stacks=large)
-    assert all(torch.equal(mixed[key], alone[key]) for key in alone.keys(True, True))
-
-
-def test_stacked_scalar_leaves_select_as_alone():
-    """The padded sampler's select: stacked leaves give ``td[index]``, leaf for leaf.
-
-    Same values, dtypes, shapes, key order and contiguous leaves, with the leaves read once
-    (``leaf_items``) as the sampler reads them for an epoch.
-    """
-    from rppo_td._buffers import OutputPool
-    from rppo_td._layout import ScalarStack, leaf_items
-    from rppo_td.sampling._sampler import select_rows
-
-    torch.manual_seed(1)
-    done = torch.rand(4, 10, 1) < 0.3
-    td = TensorDict(
-        {
-            "a": torch.randn(4, 10),
-            "vector": torch.randn(4, 10, 3),
-            "count": torch.randint(0, 9, (4, 10, 1)),
-            "next": {"done": done, "reward": torch.randn(4, 10, 1)},
-        },
-        batch_size=[4, 10],
-    )
-    padded = SequencePadder()(SequenceChunker(sequence_length=4)(EpisodeSplitter()(td)))
-    stacks = ScalarStack.of(padded, torch.device("cpu"), columns=False)
-    assert {s.rows.dtype for s in stacks} == {torch.float32, torch.int64, torch.bool}
-    index = torch.tensor([3, 0, padded.batch_size[0] - 1])
-    together = select_rows(padded, index, OutputPool(), stacks, leaf_items(padded))
-    alone = padded[index]
-    assert together.batch_size == alone.batch_size
-    assert list(together.keys(True, True)) == list(alone.keys(True, True))
-    for key in alone.keys(True, True):
-        assert together[key].dtype == alone[key].dtype
-        assert torch.equal(together[key], alone[key]), key
         assert together[key].is_contiguous()
