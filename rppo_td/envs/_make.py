@@ -113,9 +113,20 @@ class _CheckedCreator:
         self.check_observations = check_observations
 
     def _load(self) -> Any:
+        """The original creator.
+
+        Errors importing its module (a missing dependency, a wrong ``module:Class``) become an
+        ``EnvError`` naming the env.
+        """
         if callable(self.entry_point):
             return self.entry_point
-        return load_env_creator(self.entry_point)
+        try:
+            return load_env_creator(self.entry_point)
+        except Exception as err:
+            raise EnvError(
+                f"env {self.name!r} could not load its entry point {self.entry_point!r}: "
+                f"{type(err).__name__}: {err}"
+            ) from err
 
     @property
     def metadata(self) -> Any:
@@ -126,8 +137,9 @@ class _CheckedCreator:
         return self._load().metadata
 
     def __call__(self, **kwargs: Any) -> gym.Env:
+        creator = self._load()
         try:
-            env = self._load()(**kwargs)
+            env = creator(**kwargs)
         except EnvError:
             raise
         except Exception as err:

@@ -148,6 +148,9 @@ for _fault in DISCRETE_FAULTS:
         gym.register(id=_id(_fault), entry_point=DiscreteObsEnv, kwargs={"fault": _fault})
 if _id("not_an_env") not in gym.registry:
     gym.register(id=_id("not_an_env"), entry_point=_not_an_env)
+if _id("no_module") not in gym.registry:
+    # a string entry point whose module does not import (as a missing optional dependency)
+    gym.register(id=_id("no_module"), entry_point="rppo_td_no_such_module_xyz:Env")
 
 
 def _drive(env_id: str, how: str, steps: int = AT + 2) -> None:
@@ -201,6 +204,15 @@ def test_constructor_faults_name_the_env(make):
     with pytest.raises(EnvError) as info:
         make(_id("not_an_env"))
     _check_message(info.value, _id("not_an_env"), "returned object, expected a gymnasium.Env")
+    # the entry point's module failing to import (gym.make loads it for its metadata first)
+    with pytest.raises(EnvError) as info:
+        make(_id("no_module"))
+    _check_message(
+        info.value,
+        _id("no_module"),
+        "could not load its entry point 'rppo_td_no_such_module_xyz:Env': ModuleNotFoundError",
+    )
+    assert isinstance(info.value.__cause__, ModuleNotFoundError)
 
 
 def test_our_message_comes_before_gymnasiums_passive_checker():
