@@ -13,6 +13,7 @@ written with ``imageio-ffmpeg`` (``pip install 'rppo_td[video]'``), every frame 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -260,6 +261,8 @@ class VideoWriter:
         self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")
         self._gif: list[Any] = []  # Pillow palette images
         self._durations: list[int] = []
+        self._clock_cs = 0.0  # the GIF's true time so far, and what its durations add up to
+        self._written_cs = 0
         self._mp4: Any = None
 
     def add(self, frame: np.ndarray, *, last: bool = False) -> None:
@@ -269,7 +272,12 @@ class VideoWriter:
 
             self._gif.append(Image.fromarray(frame).convert("P", palette=Image.Palette.ADAPTIVE))
             hold = GIF_HOLD_S if last else 0.0
-            self._durations.append(round(1000 * max(1.0 / self.fps, hold)))
+            # a GIF stores whole hundredths of a second: each frame ends at the hundredth
+            # nearest its true end, so that the video keeps time (at 30 fps: 30, 40, 30 ms)
+            self._clock_cs += 100 * max(1.0 / self.fps, hold)
+            end = round(self._clock_cs)
+            self._durations.append(10 * (end - self._written_cs))
+            self._written_cs = end
         else:
             self._add_mp4(frame)
         self.frames += 1
@@ -277,21 +285,24 @@ class VideoWriter:
     def _add_mp4(self, frame: np.ndarray) -> None:
         # H.264 in yuv420p needs even sides: pad with the edge row or column
         frame = np.pad(frame, ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0)), "edge")
-        if self._mp4 is None:
-            try:
+        try:
+            if self._mp4 is None:
                 self._partial.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as err:
-                raise ValueError(f"cannot write the video {str(self.path)!r}: {err}") from err
-            self._mp4 = _ffmpeg().write_frames(
-                str(self._partial),
-                (frame.shape[1], frame.shape[0]),
-                fps=self.fps,
-                codec="libx264",
-                macro_block_size=2,
-                output_params=["-f", "mp4"],
-            )
-            self._mp4.send(None)
-        self._mp4.send(np.ascontiguousarray(frame))
+                self._mp4 = _ffmpeg().write_frames(
+                    str(self._partial),
+                    (frame.shape[1], frame.shape[0]),
+                    fps=self.fps,
+                    codec="libx264",
+                    macro_block_size=2,
+                    output_params=["-f", "mp4"],
+                )
+                self._mp4.send(None)
+            self._mp4.send(np.ascontiguousarray(frame))
+        except OSError as err:
+            # ffmpeg could not open or write the file (it exits, and the pipe to it breaks)
+            self.discard()
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"cannot write the video {str(self.path)!r}: {reason}") from err
 
     def close(self) -> Path:
         """Finishes the file and puts it at ``path``; returns ``path``.
@@ -332,7 +343,9 @@ class VideoWriter:
     def discard(self) -> None:
         """Drops the frames and the partial file."""
         if self._mp4 is not None:
-            self._mp4.close()
-            self._mp4 = None
+            mp4, self._mp4 = self._mp4, None
+            with contextlib.suppress(OSError, RuntimeError):  # ffmpeg may be gone already
+                mp4.close()
         self._gif, self._durations = [], []
+        self._clock_cs, self._written_cs = 0.0, 0
         self._partial.unlink(missing_ok=True)

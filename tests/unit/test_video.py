@@ -288,3 +288,33 @@ def test_an_env_whose_close_ends_the_others_still_records(poc_checkpoint, tmp_pa
         out = _eval(capsys, "--checkpoint", poc_checkpoint, "--video", str(tmp_path / "a.gif"))
     assert out["video_returns"] == out["eval_returns"][:1]
     assert (tmp_path / "a.gif").is_file()
+
+
+def test_an_mp4_that_ffmpeg_cannot_write_is_refused_by_name(tmp_path, monkeypatch):
+    """ffmpeg failing to open its output (it exits; the pipe to it breaks): one-line error."""
+    from rppo_td.train import _video
+
+    class BrokenFfmpeg:
+        def write_frames(self, *args, **kwargs):
+            def frames():
+                yield
+                raise BrokenPipeError(32, "Broken pipe\n\nFFMPEG COMMAND:\nffmpeg -y ...")
+
+            return frames()
+
+    monkeypatch.setattr(_video, "_ffmpeg", BrokenFfmpeg)
+    writer = VideoWriter(check_video_path(tmp_path / "out.mp4"), fps=4)
+    message = r"^cannot write the video '.*out\.mp4': \[Errno 32\] Broken pipe$"
+    with pytest.raises(ValueError, match=message):
+        writer.add(np.zeros((8, 8, 3), dtype=np.uint8))
+    assert not list(tmp_path.iterdir())
+
+
+def test_gif_frames_keep_time_at_rates_that_are_not_whole_hundredths(tmp_path):
+    """At 30 fps frames last 30 or 40 ms (a GIF stores hundredths): 30 frames take 1 s."""
+    writer = VideoWriter(check_video_path(tmp_path / "clock.gif"), fps=30)
+    for i in range(30):
+        writer.add(np.full((4, 4, 3), 8 * i, dtype=np.uint8))
+    _, durations = _gif_frames(writer.close())
+    assert sum(durations) == 1000
+    assert set(durations) == {30, 40}
