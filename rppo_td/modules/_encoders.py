@@ -16,7 +16,9 @@ __all__ = ["ObservationEncoder"]
 
 
 class _ImageEncoder(nn.Module):
-    """CNN: uint8 ``[*B, H, W, C]`` or ``[*B, C, H, W]`` -> ``[*B, F]`` float, pixels / 255.
+    """CNN: uint8 ``[*B, H, W, C]``, ``[*B, C, H, W]`` or ``[*B, H, W]`` -> ``[*B, F]`` float.
+
+    Pixels are divided by 255.
 
     Images of at least 36 x 36 (Memory Gym's and Atari's 84 x 84) go through the Nature-DQN
     stack (32 8x8/4, 64 4x4/2, 64 3x3/1), as the seed design's agent does; smaller ones
@@ -26,6 +28,9 @@ class _ImageEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Box, out_features: int) -> None:
         super().__init__()
         shape = space.shape
+        if len(shape) == 2:  # grayscale [H, W]: one channel, added in forward
+            shape = (*shape, 1)
+        self.grayscale = len(space.shape) == 2
         self.channels_last = shape[-1] in (1, 3, 4)
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         layers: list[nn.Module]
@@ -51,6 +56,8 @@ class _ImageEncoder(nn.Module):
         self.linear = nn.Linear(flat, out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.grayscale:
+            x = x.unsqueeze(-1)
         batch = x.shape[:-3]
         x = x.reshape(-1, *x.shape[-3:]).float() / 255.0
         if self.channels_last:

@@ -48,6 +48,7 @@ def observation_leaves(
     """
     base = prefix if isinstance(prefix, tuple) else (prefix,)
     if isinstance(space, _LEAF_SPACES):
+        _check_pixels(space, prefix)
         return [(prefix, space)]
     if isinstance(space, gym.spaces.Dict):
         return [
@@ -68,10 +69,35 @@ def observation_leaves(
 
 
 def is_image(space: gym.Space) -> bool:
-    """True for a ``uint8`` ``Box`` of shape ``HxWxC`` or ``CxHxW`` with ``C`` in 1, 3, 4."""
-    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8 or len(space.shape) != 3:
+    """True for a ``uint8`` ``Box`` image: ``HxWxC`` or ``CxHxW`` with ``C`` in 1, 3, 4.
+
+    Or ``HxW``: grayscale, as gymnasium's ``AtariPreprocessing`` returns it.
+    """
+    if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
+        return False
+    if len(space.shape) == 2:
+        return True
+    if len(space.shape) != 3:
         return False
     return space.shape[-1] in (1, 3, 4) or space.shape[0] in (1, 3, 4)
+
+
+def _check_pixels(space: gym.Space, key: NestedKey) -> None:
+    """Refuses a ``uint8`` ``Box`` of 3 or more dims that is not an image (``is_image``).
+
+    Fed to an MLP it would train on raw 0-255 values; 1-D ``uint8`` boxes stay vectors.
+    """
+    if (
+        isinstance(space, gym.spaces.Box)
+        and space.dtype == np.uint8
+        and len(space.shape) >= 3
+        and not is_image(space)
+    ):
+        raise ValueError(
+            f"observation {key!r}: a uint8 Box of shape {space.shape} is not an image this "
+            "library reads; images are [H, W], [H, W, C] or [C, H, W] with C in 1, 3, 4 "
+            "(stack frames along C, at most 4; give other data a float Box or MultiDiscrete)"
+        )
 
 
 def _leaf_dtype(space: gym.Space) -> torch.dtype:

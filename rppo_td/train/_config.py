@@ -261,10 +261,22 @@ class TrainConfig:
                 f"env_processes={self.env_processes} needs collector='vector', got "
                 f"collector={self.collector!r}"
             )
-        if self.recurrence == "none" and (self.start_state != "stored" or self.burn_in):
+        if self.recurrence == "none" and self.start_state != "stored":
             raise ValueError(
-                f"start_state={self.start_state!r} and burn_in={self.burn_in} need a recurrent "
-                "core; recurrence='none' has no state (use start_state='stored', burn_in=0)"
+                f"start_state={self.start_state!r} needs a recurrent core; recurrence='none' "
+                "has no state (use start_state='stored')"
+            )
+        if self.recurrence == "none" and self.burn_in:
+            raise ValueError(
+                f"burn_in={self.burn_in} needs a recurrent core; recurrence='none' has no "
+                "state (use burn_in=0)"
+            )
+        if self.burn_in >= self.rollout_steps:
+            raise ValueError(
+                f"burn_in={self.burn_in} asks for more steps than a rollout holds: burn-in "
+                "steps come from the same rollout, before a sequence's first step, so at most "
+                f"rollout_steps - 1 = {self.rollout_steps - 1} precede one; use burn_in <= "
+                f"{self.rollout_steps - 1} (or more rollout_steps)"
             )
         if self.forget_bias and self.recurrence != "lstm":
             raise ValueError(

@@ -28,6 +28,7 @@ SPACES = {
     "box": BOX,
     "image_hwc": gym.spaces.Box(0, 255, (8, 8, 3), dtype=np.uint8),
     "image_chw": gym.spaces.Box(0, 255, (1, 10, 6), dtype=np.uint8),
+    "image_gray": gym.spaces.Box(0, 255, (7, 9), dtype=np.uint8),
     "discrete": gym.spaces.Discrete(4),
     "multi_discrete": gym.spaces.MultiDiscrete([2, 3]),
     "tuple": gym.spaces.Tuple((BOX, gym.spaces.Discrete(3))),
@@ -299,6 +300,25 @@ def test_large_images_take_the_nature_cnn_either_channel_order():
     torch.testing.assert_close(first(image.permute(0, 1, 4, 2, 3)), out)
     small = _ImageEncoder(gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), 32)
     assert small.conv[0].kernel_size == (3, 3)
+
+
+def test_grayscale_images_are_one_channel_images_and_other_pixel_boxes_are_refused():
+    """``[H, W]`` uint8 (AtariPreprocessing's output) is ``[H, W, 1]``; other uint8 boxes of
+    3+ dims are refused by name rather than fed to an MLP as raw 0-255 values."""
+    from rppo_td.modules._encoders import _ImageEncoder
+
+    gray = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84), dtype=np.uint8), 16)
+    one = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84, 1), dtype=np.uint8), 16)
+    one.load_state_dict(gray.state_dict())
+    image = torch.randint(0, 256, (3, 2, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(gray(image), one(image.unsqueeze(-1)))
+    assert gray(image).shape == (3, 2, 16)
+    for shape in [(84, 84, 2), (2, 84, 84), (4, 84, 84, 3)]:
+        space = gym.spaces.Dict({"frames": gym.spaces.Box(0, 255, shape, dtype=np.uint8)})
+        with pytest.raises(ValueError, match=r"'frames'\).*not an image this library reads"):
+            observation_leaves(space)
+    # a uint8 vector stays a vector
+    assert observation_leaves(gym.spaces.Box(0, 1, (5,), dtype=np.uint8))
 
 
 @given(head_layers=st.integers(0, 3), seed=st.integers(0, 2**16))
