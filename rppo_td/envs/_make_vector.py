@@ -41,6 +41,13 @@ def make_vector_env(
 
     Raises:
         ValueError: a bad ``num_envs`` or ``processes``, or (see ``make_env``) a bad id.
+
+    Example:
+        >>> env = make_vector_env("rppo_td/CartPoleNoVel-v1", 3)
+        >>> obs, info = env.reset(seed=0)
+        >>> obs.shape, env.single_action_space
+        ((3, 2), Discrete(2))
+        >>> env.close()
     """
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
         raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")

@@ -326,6 +326,16 @@ class RecurrentCritic(_NetModule):
     Args:
         net: the parameters.
         is_init_key: the key of ``is_init``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
+        ...                            hidden_size=8)
+        >>> td = TensorDict({"observation": torch.zeros(3, 2),
+        ...                  "is_init": torch.ones(3, 1, dtype=torch.bool)}, batch_size=[3])
+        >>> td = RecurrentCritic(net)(td)
+        >>> td["state_value"].shape, td["next", "critic_recurrent_state_h"].shape
+        (torch.Size([3, 1]), torch.Size([3, 1, 8]))
     """
 
     def __init__(self, net: RecurrentActorCritic, *, is_init_key: str = _IS_INIT) -> None:
@@ -356,6 +366,18 @@ class RecurrentPolicy(_ActingModule):
         net: the parameters.
         default_interaction_type: as in ``RecurrentActor``.
         is_init_key: the key of ``is_init``.
+
+    Example:
+        >>> import gymnasium as gym
+        >>> net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2),
+        ...                            hidden_size=8)
+        >>> td = TensorDict({"observation": torch.zeros(3, 2),
+        ...                  "is_init": torch.ones(3, 1, dtype=torch.bool)}, batch_size=[3])
+        >>> td = RecurrentPolicy(net)(td)
+        >>> [tuple(td[key].shape) for key in ("action", "action_log_prob", "state_value")]
+        [(3,), (3,), (3, 1)]
+        >>> len(td["next"].keys())  # both networks' states after the step: h and c of each
+        4
     """
 
     _outputs = ("state_value",)

@@ -107,6 +107,17 @@ class TrainConfig:
 
     Defaults train an LSTM agent on ``rppo_td/CartPoleNoVel-v1`` to the 500-step maximum
     within 100k env steps (see ``benchmarks/learning.py``).
+
+    Example:
+        >>> config = TrainConfig(total_steps=2_000, num_workers=4, rollout_steps=16)
+        >>> config.validate()
+        >>> config.steps_per_update, config.num_updates
+        (64, 31)
+        >>> try:
+        ...     TrainConfig(burn_in=40).validate()  # the default rollout has 32 steps
+        ... except ValueError as err:
+        ...     print(err)
+        burn_in=40 asks for more steps than a rollout holds: ... use burn_in <= 31 ...
     """
 
     env: str = _doc(

@@ -108,6 +108,15 @@ class Trainer:
         config: the settings; with ``config.resume`` set, the checkpoint there is loaded and
             ``given`` (the explicitly requested settings) is checked against it.
         given: settings given explicitly (CLI flags, preset, config file); default: none.
+
+    Example:
+        >>> import tempfile
+        >>> config = TrainConfig(total_steps=128, num_workers=2, rollout_steps=32,
+        ...                      eval_episodes=1, progress=False, log_level="WARNING",
+        ...                      output=tempfile.mkdtemp())
+        >>> summary = Trainer(config).run()
+        >>> summary["env_steps"], sorted(p.name for p in config.output_dir().glob("*.pt"))
+        (128, ['checkpoint.pt'])
     """
 
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
@@ -619,5 +628,14 @@ def _check_device(name: str) -> torch.device:
 
 
 def train(config: TrainConfig, *, given: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Runs ``Trainer(config, given=given).run()``."""
+    """Runs ``Trainer(config, given=given).run()``; returns its summary (None if stopped).
+
+    Example:
+        >>> import tempfile
+        >>> summary = train(TrainConfig(total_steps=64, num_workers=2, rollout_steps=32,
+        ...                             eval_episodes=1, progress=False, log_level="WARNING",
+        ...                             output=tempfile.mkdtemp()))
+        >>> summary["env_steps"], "eval_return_mean" in summary
+        (64, True)
+    """
     return Trainer(config, given=given).run()
