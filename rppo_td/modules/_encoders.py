@@ -28,9 +28,9 @@ class _ImageEncoder(nn.Module):
     def __init__(self, space: gym.spaces.Box, out_features: int) -> None:
         super().__init__()
         shape = space.shape
-        if len(shape) == 2:  # grayscale [H, W]: one channel, added in forward
+        self.grayscale = len(shape) == 2
+        if self.grayscale:  # [H, W]: one channel, added in forward
             shape = (*shape, 1)
-        self.grayscale = len(space.shape) == 2
         self.channels_last = shape[-1] in (1, 3, 4)
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         layers: list[nn.Module]

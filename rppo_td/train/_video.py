@@ -13,10 +13,9 @@ written with ``imageio-ffmpeg`` (``pip install 'rppo_td[video]'``), every frame 
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -301,8 +300,7 @@ class VideoWriter:
         except OSError as err:
             # ffmpeg could not open or write the file (it exits, and the pipe to it breaks)
             self.discard()
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"cannot write the video {str(self.path)!r}: {reason}") from err
+            raise self._cannot_write(err) from err
 
     def close(self) -> Path:
         """Finishes the file and puts it at ``path``; returns ``path``.
@@ -315,8 +313,14 @@ class VideoWriter:
         try:
             self._finish()
         except OSError as err:
-            raise ValueError(f"cannot write the video {str(self.path)!r}: {err}") from err
+            raise self._cannot_write(err) from err
         return self.path
+
+    def _cannot_write(self, err: OSError) -> ValueError:
+        """The one-line error for ``err``: its first line (ffmpeg's go on with its command)."""
+        text = str(err).strip()
+        reason = text.splitlines()[0] if text else type(err).__name__
+        return ValueError(f"cannot write the video {str(self.path)!r}: {reason}")
 
     def _finish(self) -> None:
         try:
@@ -344,7 +348,7 @@ class VideoWriter:
         """Drops the frames and the partial file."""
         if self._mp4 is not None:
             mp4, self._mp4 = self._mp4, None
-            with contextlib.suppress(OSError, RuntimeError):  # ffmpeg may be gone already
+            with suppress(OSError, RuntimeError):  # ffmpeg may be gone already
                 mp4.close()
         self._gif, self._durations = [], []
         self._clock_cs, self._written_cs = 0.0, 0
