@@ -6,11 +6,16 @@ from typing import Any
 
 import gymnasium as gym
 
+from rppo_td.envs._cartpole_novel import CARTPOLE_NOVEL_ID
+from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
 from rppo_td.envs._make import _Maker, resolve_env_id
 from rppo_td.envs._processes import ProcessVectorEnv
 from rppo_td.envs._vector import CheckedVectorEnv
 
 __all__ = ["make_vector_env"]
+
+# what CartPoleNoVelVectorEnv takes of gym.make's keyword arguments
+NATIVE_CARTPOLE_KWARGS = {"max_episode_steps", "sutton_barto_reward"}
 
 
 def make_vector_env(
@@ -28,7 +33,10 @@ def make_vector_env(
     observations at once, which costs a few percent of a CartPole step.
 
     With ``processes=0`` it is a ``CheckedVectorEnv`` (a ``SyncVectorEnv``) stepping every
-    copy in this process; with ``processes=N >= 1`` it is a ``ProcessVectorEnv``: the same
+    copy in this process; for ``rppo_td/CartPoleNoVel-v1`` (with no keyword arguments but
+    ``max_episode_steps`` and ``sutton_barto_reward``) it is a ``CartPoleNoVelVectorEnv``,
+    which steps all copies as arrays with the same episodes, bit for bit, about five times
+    faster; with ``processes=N >= 1`` it is a ``ProcessVectorEnv``: the same
     copies, ``W / N`` per worker process, stepped by TorchRL's ``ParallelEnv`` and seen
     through the same interface (same seeds, same observations, rewards, flags and
     ``final_obs``).
@@ -57,5 +65,7 @@ def make_vector_env(
     if processes:
         # the workers import a module:EnvId's module themselves
         return ProcessVectorEnv(env_id, num_envs, processes=processes, kwargs=kwargs)
+    if name == CARTPOLE_NOVEL_ID and set(kwargs) <= NATIVE_CARTPOLE_KWARGS:
+        return CartPoleNoVelVectorEnv(num_envs, **kwargs)
     fns = [_Maker(name, kwargs) for _ in range(num_envs)]
     return CheckedVectorEnv(fns, env_id=name)

@@ -201,29 +201,45 @@ class VectorCollector(BaseCollector):
             frames=self._frames,
         )
 
-    def env_copies(self) -> list[gym.Env] | None:
-        """The sub-envs to pickle for an exact resume.
+    def env_copies(self) -> list[gym.Env] | dict[str, Any] | None:
+        """The envs' state to pickle for an exact resume.
 
-        None where the env has none here to hand out (a ``ProcessVectorEnv``: its sub-envs
-        live in the worker processes); a resume then restarts the envs.
+        The sub-envs of a ``SyncVectorEnv``; the ``get_state()`` of a vector env that has
+        one (``CartPoleNoVelVectorEnv``); None where the env has nothing here to hand out (a
+        ``ProcessVectorEnv``: its sub-envs live in the worker processes), and a resume then
+        restarts the envs.
         """
+        if hasattr(self.env, "get_state"):
+            return self.env.get_state()
         return getattr(self.env, "envs", None)
 
     def load_state_dict(
-        self, state_dict: dict[str, Any], envs: list[gym.Env] | None = None
+        self, state_dict: dict[str, Any], envs: list[gym.Env] | dict[str, Any] | None = None
     ) -> None:
         """Restores ``state_dict()``; ``envs`` (unpickled ``env_copies()``) replace the envs.
 
-        Without ``envs`` the envs keep their fresh reset and the first step of every worker
-        starts an episode.
+        A vector env with ``set_state`` takes its own ``get_state()``, or the sub-envs of
+        the same env made as separate copies (a checkpoint of earlier versions). Without
+        ``envs`` the envs keep their fresh reset and the first step of every worker starts
+        an episode.
         """
         self._frames = int(state_dict.get("frames", 0))
         if envs is None:
             return
-        if len(envs) != self.num_envs:
-            raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
-        # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
-        self.env.envs = list(envs)  # type: ignore[attr-defined]
+        if hasattr(self.env, "set_state"):
+            if isinstance(envs, list):
+                envs = self.env.copies_state(envs)  # type: ignore[attr-defined]
+            self.env.set_state(envs)  # type: ignore[attr-defined]
+        else:
+            if not isinstance(envs, list):
+                raise ValueError(
+                    f"saved envs: expected {self.num_envs} sub-envs, got a "
+                    f"{type(envs).__name__} (the state of another kind of vector env)"
+                )
+            if len(envs) != self.num_envs:
+                raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
+            # SAME_STEP mode keeps no pending resets between steps, so swapping is safe
+            self.env.envs = list(envs)  # type: ignore[attr-defined]
         self._carry = TensorDict(state_dict["carry"], batch_size=[self.num_envs]).to(self.device)
         self.episodes.running_return = state_dict["running_return"].numpy().copy()
         self.episodes.running_length = state_dict["running_length"].numpy().copy()
