@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -58,7 +58,10 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         ((3,), dtype('bool'))
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": []}
+    metadata: ClassVar[dict[str, Any]] = {
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+        "render_modes": [],
+    }
 
     def __init__(
         self, num_envs: int, *, max_episode_steps: int = 500, sutton_barto_reward: bool = False

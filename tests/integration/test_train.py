@@ -233,9 +233,8 @@ def test_truncation_bootstraps_from_the_final_observation(tmp_path):
     )
     # steer every worker to the 500-step limit by keeping the pole upright: set the state
     collector = trainer.collector
-    for env in collector.env.envs:
-        env.unwrapped.state = np.zeros(4)
-        env._elapsed_steps = 498
+    collector.env.state[:] = 0.0  # the CartPoleNoVelVectorEnv's [W, 4] states
+    collector.env.elapsed[:] = 498
     td = trainer.ppo.gae(collector.rollout())  # the trainer's GAE values "next" itself
     truncated = td["next", "truncated"].squeeze(-1)
     terminated = td["next", "terminated"].squeeze(-1)

@@ -1,0 +1,167 @@
+"""``CartPoleNoVelVectorEnv``: the same episodes as ``W`` checked copies, bit for bit."""
+
+from __future__ import annotations
+
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rppo_td.envs import CARTPOLE_NOVEL_ID, make_env, make_vector_env
+from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
+from rppo_td.envs._vector import CheckedVectorEnv
+
+
+def _copies(num_envs: int, **kwargs) -> SyncVectorEnv:
+    """The reference: ``W`` separate checked copies in ``SAME_STEP`` mode."""
+    fns = [lambda: make_env(CARTPOLE_NOVEL_ID, **kwargs) for _ in range(num_envs)]
+    return SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
+def _bits(x: np.ndarray) -> tuple:
+    x = np.ascontiguousarray(x)
+    return x.dtype.str, x.shape, x.tobytes()
+
+
+def _assert_same_step(a: tuple, b: tuple) -> None:
+    for x, y in zip(a[:4], b[:4], strict=True):
+        assert _bits(x) == _bits(y)
+    info_a, info_b = a[4], b[4]
+    assert set(info_a) == set(info_b)
+    if "_final_obs" in info_a:
+        assert _bits(info_a["_final_obs"]) == _bits(info_b["_final_obs"])
+        for i in np.flatnonzero(info_a["_final_obs"]):
+            assert _bits(info_a["final_obs"][i]) == _bits(info_b["final_obs"][i])
+
+
+def _policy_actions(obs: np.ndarray, rng: np.random.Generator, greedy: float) -> np.ndarray:
+    """Mostly a balancing controller (long episodes, so truncations), sometimes random."""
+    balance = (obs[:, 1] > 0).astype(np.int64)
+    random = rng.integers(0, 2, len(obs))
+    return np.where(rng.random(len(obs)) < greedy, balance, random)
+
+
+@given(
+    num_envs=st.integers(1, 6),
+    seed=st.integers(0, 2**31 - 1),
+    limit=st.integers(1, 60),
+    greedy=st.floats(0.0, 1.0),
+    sutton_barto=st.booleans(),
+)
+def test_same_episodes_as_the_checked_copies(num_envs, seed, limit, greedy, sutton_barto):
+    kwargs = {"max_episode_steps": limit, "sutton_barto_reward": sutton_barto}
+    ours, reference = CartPoleNoVelVectorEnv(num_envs, **kwargs), _copies(num_envs, **kwargs)
+    obs, _ = ours.reset(seed=seed)
+    expected, _ = reference.reset(seed=seed)
+    assert _bits(obs) == _bits(expected)
+    rng = np.random.default_rng(seed)
+    for _ in range(150):
+        actions = _policy_actions(obs, rng, greedy)
+        step = ours.step(actions)
+        _assert_same_step(step, reference.step(actions))
+        obs = step[0]
+
+
+def test_the_trainers_shape_over_thousands_of_steps():
+    # 32 copies and CartPole's own 500-step limit, under a controller that sees the whole
+    # state and mostly keeps the poles up (so episodes end in truncations), sometimes not
+    ours, reference = make_vector_env(CARTPOLE_NOVEL_ID, 32), _copies(32)
+    assert isinstance(ours, CartPoleNoVelVectorEnv)
+    ours.reset(seed=0)
+    reference.reset(seed=0)
+    rng, terminations, truncations = np.random.default_rng(0), 0, 0
+    for _ in range(3000):
+        x, x_dot, theta, theta_dot = ours.state.T
+        actions = (10 * theta + 2 * theta_dot + 0.1 * x + 0.5 * x_dot > 0).astype(np.int64)
+        actions = np.where(rng.random(32) < 0.2, 1 - actions, actions)
+        step = ours.step(actions)
+        _assert_same_step(step, reference.step(actions))
+        terminations += int(step[2].sum())
+        truncations += int(step[3].sum())
+    assert terminations > 100 and truncations > 100
+
+
+def test_reset_seeds_and_options_as_the_copies():
+    ours, reference = CartPoleNoVelVectorEnv(3), _copies(3)
+    for kwargs in [
+        {"seed": 0},
+        {"seed": [5, None, 9]},  # None: the copy's generator goes on
+        {"seed": None},
+        {"seed": 4, "options": {"low": -0.2, "high": 0.1}},
+        {"options": {"high": 0.01}},
+    ]:
+        assert _bits(ours.reset(**kwargs)[0]) == _bits(reference.reset(**kwargs)[0])
+        actions = np.array([1, 0, 1])
+        for _ in range(40):  # autoresets use CartPole's own bounds again
+            _assert_same_step(ours.step(actions), reference.step(actions))
+
+
+def test_state_round_trip_goes_on_exactly():
+    env = CartPoleNoVelVectorEnv(4)
+    env.reset(seed=1)
+    for _ in range(30):
+        env.step(np.array([0, 1, 1, 0]))
+    saved = pickle.loads(pickle.dumps(env.get_state()))
+    ahead = [env.step(np.array([1, 1, 0, 0])) for _ in range(40)]
+    other = CartPoleNoVelVectorEnv(4)
+    other.set_state(saved)
+    for step in ahead:
+        _assert_same_step(other.step(np.array([1, 1, 0, 0])), step)
+
+
+def test_state_of_separate_copies_goes_on_exactly():
+    # a checkpoint written before the array env held the checked copies themselves
+    copies = _copies(3)
+    copies.reset(seed=2)
+    for _ in range(25):
+        copies.step(np.array([1, 0, 1]))
+    env = CartPoleNoVelVectorEnv(3)
+    env.set_state(env.copies_state(pickle.loads(pickle.dumps(copies.envs))))
+    for _ in range(60):
+        _assert_same_step(env.step(np.array([0, 1, 1])), copies.step(np.array([0, 1, 1])))
+
+
+@pytest.mark.parametrize(
+    "actions",
+    [np.array([0, 2]), np.array([0, -1]), np.array([0.0, 1.0]), np.array([0, 1, 1]), np.array(1)],
+)
+def test_bad_actions_are_refused_by_name(actions):
+    env = CartPoleNoVelVectorEnv(2)
+    env.reset(seed=0)
+    expected = r"CartPoleNoVel-v1: expected 2 integer actions in \{0, 1\}"
+    with pytest.raises(ValueError, match=expected):
+        env.step(actions)
+
+
+def test_misuse_is_refused():
+    env = CartPoleNoVelVectorEnv(2)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(np.array([0, 1]))
+    with pytest.raises(ValueError, match="expected 2 seeds, got 3"):
+        env.reset(seed=[1, 2, 3])
+    with pytest.raises(ValueError, match="low <= high"):
+        env.reset(options={"low": 0.1, "high": -0.1})
+    with pytest.raises(ValueError, match="num_envs"):
+        CartPoleNoVelVectorEnv(0)
+    with pytest.raises(ValueError, match="expected 2 envs, got 3"):
+        env.set_state(CartPoleNoVelVectorEnv(3).get_state())
+
+
+def test_make_vector_env_uses_it_only_where_it_is_the_same_env():
+    assert isinstance(make_vector_env(CARTPOLE_NOVEL_ID, 2), CartPoleNoVelVectorEnv)
+    limited = make_vector_env(f"rppo_td.envs:{CARTPOLE_NOVEL_ID}", 2, max_episode_steps=7)
+    assert isinstance(limited, CartPoleNoVelVectorEnv) and limited.max_episode_steps == 7
+    # anything else it does not do (rendering, other keywords) goes to the checked copies
+    rendering = make_vector_env(CARTPOLE_NOVEL_ID, 2, render_mode="rgb_array")
+    assert isinstance(rendering, CheckedVectorEnv)
+    in_processes = make_vector_env(CARTPOLE_NOVEL_ID, 2, processes=1)
+    assert not isinstance(in_processes, CartPoleNoVelVectorEnv)
+    in_processes.close()
+    env = make_vector_env(CARTPOLE_NOVEL_ID, 2)
+    assert env.single_observation_space == make_env(CARTPOLE_NOVEL_ID).observation_space
+    assert env.single_action_space == gym.spaces.Discrete(2)
+    assert env.autoreset_mode == AutoresetMode.SAME_STEP
