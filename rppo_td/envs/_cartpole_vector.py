@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -58,7 +58,7 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         ((3,), dtype('bool'))
     """
 
-    metadata: ClassVar[dict[str, Any]] = {
+    metadata = {  # noqa: RUF012 (VectorEnv declares it an instance attribute)
         "autoreset_mode": AutoresetMode.SAME_STEP,
         "render_modes": [],
     }
@@ -97,12 +97,14 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
             seeds: list[int | None] = [None] * self.num_envs
         elif isinstance(seed, int) and not isinstance(seed, bool):
             seeds = [seed + i for i in range(self.num_envs)]
-        else:
+        elif isinstance(seed, list | tuple):
             seeds = list(seed)
             if len(seeds) != self.num_envs:
                 raise ValueError(
                     f"reset(seed=...): expected {self.num_envs} seeds, got {len(seeds)}"
                 )
+        else:
+            raise ValueError(f"reset(seed=...): expected an int, a list or None, got {seed!r}")
         for i, one in enumerate(seeds):
             if one is not None or self.generators[i] is None:
                 self.generators[i] = seeding.np_random(one)[0]
@@ -198,7 +200,7 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
                 if not isinstance(limit, gym.Wrapper):
                     raise ValueError(f"saved env {env} has no TimeLimit: not a CartPole copy")
                 limit = limit.env
-            rows.append(np.asarray(env.unwrapped.state, dtype=np.float64))
+            rows.append(np.asarray(env.unwrapped.state, dtype=np.float64))  # type: ignore[attr-defined]
             elapsed.append(int(limit._elapsed_steps or 0))
             generators.append(env.unwrapped.np_random.bit_generator.state)
         return {

@@ -141,6 +141,8 @@ def test_misuse_is_refused():
     env = CartPoleNoVelVectorEnv(2)
     with pytest.raises(RuntimeError, match="reset"):
         env.step(np.array([0, 1]))
+    with pytest.raises(ValueError, match="expected an int, a list or None, got True"):
+        env.reset(seed=True)
     with pytest.raises(ValueError, match="expected 2 seeds, got 3"):
         env.reset(seed=[1, 2, 3])
     with pytest.raises(ValueError, match="low <= high"):
