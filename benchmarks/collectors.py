@@ -6,8 +6,12 @@ the same LSTM actor-critic (``build_agent(TrainConfig())``) on the same checked 
 (``rppo_td.envs.make_env``), with ``TensorDictSequential(RecurrentActor(net),
 RecurrentCritic(net))`` as the policy:
 
-- ``vector``: ``rppo_td``'s ``VectorCollector`` over ``make_vector_env`` (gymnasium's
-  ``SyncVectorEnv`` in ``SAME_STEP`` autoreset), built as the trainer builds it.
+- ``vector``: ``rppo_td``'s ``VectorCollector`` over ``make_vector_env``, built as the
+  trainer builds it: gymnasium's ``SyncVectorEnv`` of checked copies in ``SAME_STEP``
+  autoreset or, for ``rppo_td/CartPoleNoVel-v1``, ``CartPoleNoVelVectorEnv`` (the copies as
+  arrays); for that env also
+- ``vector, checked copies``: the same collector over the ``SyncVectorEnv`` of checked copies
+  (``CheckedVectorEnv``), the same episodes.
 - ``torchrl gym-vector``: ``TorchRLCollector(batching="vector")``: TorchRL's ``Collector`` over
   one ``GymWrapper`` of a ``SyncVectorEnv`` in ``AutoresetMode.DISABLED`` (TorchRL resets the
   finished sub-envs itself), plus ``InitTracker`` and the state primer.
@@ -33,7 +37,10 @@ import torch
 from _common import format_seconds, print_table, time_interleaved, write_json
 from tensordict.nn import TensorDictSequential
 
-from rppo_td.envs import make_vector_env
+from rppo_td.envs import make_vector_env, resolve_env_id
+from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
+from rppo_td.envs._make import _Maker
+from rppo_td.envs._vector import CheckedVectorEnv
 from rppo_td.modules import RecurrentActor, RecurrentCritic
 from rppo_td.train import TrainConfig
 from rppo_td.train._setup import build_agent
@@ -67,14 +74,17 @@ def main() -> None:
     torch.manual_seed(0)
     net = build_agent(TrainConfig(env=args.env))
     policy = TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))
-    vector = VectorCollector(
-        make_vector_env(args.env, w),
-        policy,
-        leaves=net.leaves,
-        frames_per_batch=w * t,
-        seed=0,
-        device="cpu",
-    )
+    envs = {"vector": make_vector_env(args.env, w)}
+    if isinstance(envs["vector"], CartPoleNoVelVectorEnv):
+        name = resolve_env_id(args.env)
+        copies = [_Maker(name, {}) for _ in range(w)]
+        envs["vector, checked copies"] = CheckedVectorEnv(copies, env_id=name)
+    vectors = {
+        label: VectorCollector(
+            env, policy, leaves=net.leaves, frames_per_batch=w * t, seed=0, device="cpu"
+        )
+        for label, env in envs.items()
+    }
     torchrl = {
         batching: TorchRLCollector(
             args.env, net, policy, num_workers=w, rollout_steps=t, seed=0, batching=batching
@@ -82,15 +92,14 @@ def main() -> None:
         for batching in ("vector", "serial")
     }
     candidates = {
-        "vector": vector.rollout,
+        **{label: collector.rollout for label, collector in vectors.items()},
         "torchrl gym-vector": torchrl["vector"].rollout,
         "torchrl serial": torchrl["serial"].rollout,
     }
     try:
         times = time_interleaved(candidates, repeats=args.repeats, warmup=2)
     finally:
-        vector.shutdown()
-        for collector in torchrl.values():
+        for collector in [*vectors.values(), *torchrl.values()]:
             collector.shutdown()
     load_after = os.getloadavg()
 

@@ -23,7 +23,9 @@ angular velocity hidden), with Box actions and the 200-step time limit as a trun
 (naming the env and the problem) instead of training on bad data, and show the env through
 the spaces the agent is built from (discrete spaces from 0, flat action vectors).
 ``make_vector_env(env_id, W, processes=N)`` steps the same checked copies in ``N`` worker
-processes (TorchRL's ``ParallelEnv``, as a ``ProcessVectorEnv``), with the same results.
+processes (TorchRL's ``ParallelEnv``, as a ``ProcessVectorEnv``), with the same results. For
+``rppo_td/CartPoleNoVel-v1`` in this process ``make_vector_env`` returns
+``CartPoleNoVelVectorEnv``: the ``W`` copies stepped as arrays, their episodes to the bit.
 """
 
 from rppo_td.envs._cartpole_novel import (
@@ -32,6 +34,7 @@ from rppo_td.envs._cartpole_novel import (
     make_cartpole_novel,
     register_envs,
 )
+from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
 from rppo_td.envs._checks import EnvError
 from rppo_td.envs._make import make_env, resolve_env_id
 from rppo_td.envs._make_vector import make_vector_env
@@ -41,6 +44,7 @@ from rppo_td.envs._processes import ProcessVectorEnv
 
 __all__ = [
     "CARTPOLE_NOVEL_ID",
+    "CartPoleNoVelVectorEnv",
     "EnvError",
     "PENDULUM_NOVEL_ID",
     "POC_MEMORY_ID",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import pickle
 
 import gymnasium as gym
 import numpy as np
@@ -350,3 +351,35 @@ def test_a_format_2_checkpoint_is_refused_with_the_reason(tmp_path, capsys):
         eval_main(["--checkpoint", str(path)])
     err = capsys.readouterr().err
     assert "format_version: 2" in err and "policy head" in err and "retrain" in err
+
+
+def test_env_copies_of_an_earlier_checkpoint_resume_in_the_array_env(tmp_path):
+    # checkpoints written before CartPoleNoVelVectorEnv pickled W checked copies; loading
+    # them into the array env goes on with the same episodes as the copies would
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    from rppo_td.envs import CARTPOLE_NOVEL_ID, make_env
+
+    trainer, _ = _run(tmp_path)
+    collector = trainer.collector
+    w = collector.num_envs
+    copies = SyncVectorEnv(
+        [lambda: make_env(CARTPOLE_NOVEL_ID) for _ in range(w)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    copies.reset(seed=11)
+    for _ in range(7):
+        copies.step(np.ones(w, dtype=np.int64))
+    state = collector.state_dict()
+    collector.load_state_dict(state, pickle.loads(pickle.dumps(copies.envs)))
+    actions = np.array([0, 1] * (w // 2))
+    for _ in range(50):
+        ours, theirs = collector.env.step(actions), copies.step(actions)
+        for a, b in zip(ours[:4], theirs[:4], strict=True):
+            np.testing.assert_array_equal(a, b)
+    # and its own state round-trips through the collector
+    saved = pickle.loads(pickle.dumps(collector.env_copies()))
+    ahead = [collector.env.step(actions)[0] for _ in range(20)]
+    collector.load_state_dict(state, saved)
+    for obs in ahead:
+        np.testing.assert_array_equal(collector.env.step(actions)[0], obs)
