@@ -10,6 +10,8 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from rppo_td.envs._checks import EnvError
+
 __all__ = ["CartPoleNoVelVectorEnv"]
 
 # CartPole-v1's constants (gymnasium's CartPoleEnv)
@@ -61,6 +63,7 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
     metadata = {  # noqa: RUF012 (VectorEnv declares it an instance attribute)
         "autoreset_mode": AutoresetMode.SAME_STEP,
         "render_modes": [],
+        "render_fps": 50,
     }
 
     def __init__(
@@ -155,6 +158,13 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
             obs[ended] = self.state[ended][:, KEPT]
         return obs, reward, terminated, truncated, info
 
+    def render(self) -> None:
+        """Refused: the copies as arrays draw nothing."""
+        raise NotImplementedError(
+            "CartPoleNoVelVectorEnv does not render; make_vector_env(..., "
+            "render_mode='rgb_array') gives the checked copies, which do"
+        )
+
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release."""
 
@@ -221,8 +231,8 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
             or actions.min() < 0
             or actions.max() > 1
         ):
-            raise ValueError(
-                f"rppo_td/CartPoleNoVel-v1: expected {self.num_envs} integer actions in "
+            raise EnvError(
+                f"env 'rppo_td/CartPoleNoVel-v1': expected {self.num_envs} integer actions in "
                 f"{{0, 1}} (shape ({self.num_envs},)), got shape {actions.shape} dtype "
                 f"{actions.dtype}: {actions.ravel()[:8].tolist()}"
             )

@@ -11,7 +11,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rppo_td.envs import CARTPOLE_NOVEL_ID, make_env, make_vector_env
+from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env
 from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
 from rppo_td.envs._vector import CheckedVectorEnv
 
@@ -132,8 +132,8 @@ def test_state_of_separate_copies_goes_on_exactly():
 def test_bad_actions_are_refused_by_name(actions):
     env = CartPoleNoVelVectorEnv(2)
     env.reset(seed=0)
-    expected = r"CartPoleNoVel-v1: expected 2 integer actions in \{0, 1\}"
-    with pytest.raises(ValueError, match=expected):
+    expected = r"CartPoleNoVel-v1': expected 2 integer actions in \{0, 1\}"
+    with pytest.raises(EnvError, match=expected):
         env.step(actions)
 
 
@@ -141,6 +141,8 @@ def test_misuse_is_refused():
     env = CartPoleNoVelVectorEnv(2)
     with pytest.raises(RuntimeError, match="reset"):
         env.step(np.array([0, 1]))
+    with pytest.raises(NotImplementedError, match="render_mode='rgb_array'"):
+        env.render()
     with pytest.raises(ValueError, match="expected an int, a list or None, got True"):
         env.reset(seed=True)
     with pytest.raises(ValueError, match="expected 2 seeds, got 3"):
