@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from rppo_td.envs import CARTPOLE_NOVEL_ID, EnvError, make_env, make_vector_env, register_envs
+from rppo_td.envs._vector import CheckedVectorEnv
 from rppo_td.modules import RecurrentActorCritic, RecurrentPolicy
 from rppo_td.train import evaluate_agent
 from rppo_td.train._torchrl_collector import TorchRLCollector
@@ -252,8 +253,12 @@ def test_torchrl_collector_raises_the_same_error(fault):
     _check_message(info.value, _id(fault), FAULTS[fault])
 
 
-def test_checks_do_not_change_a_healthy_trajectory():
-    ours = make_vector_env(CARTPOLE_NOVEL_ID, 3)
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"render_mode": "rgb_array"}],  # the array env; the checked copies (they render)
+)
+def test_checks_do_not_change_a_healthy_trajectory(kwargs):
+    ours = make_vector_env(CARTPOLE_NOVEL_ID, 3, **kwargs)
     plain = gym.vector.SyncVectorEnv(
         [lambda: gym.make(CARTPOLE_NOVEL_ID)] * 3, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
@@ -267,8 +272,10 @@ def test_checks_do_not_change_a_healthy_trajectory():
 
 
 def test_checked_vector_env_pickles_its_sub_envs():
-    # checkpoints pickle the sub-envs (VectorCollector.state_dict)
-    env = make_vector_env(CARTPOLE_NOVEL_ID, 2)
+    # checkpoints pickle the sub-envs (VectorCollector.state_dict); the masked CartPole's
+    # make_vector_env is the array env, so another built-in env
+    env = make_vector_env("rppo_td/PocMemory-v0", 2)
+    assert isinstance(env, CheckedVectorEnv)
     env.reset(seed=0)
     env.envs = pickle.loads(pickle.dumps(env.envs))
     env.step(np.zeros(2, dtype=np.int64))
