@@ -12,7 +12,7 @@ rl-zoo's hyperparameters for RecurrentPPO on CartPoleNoVel-v1 (hyperparams/ppo_l
 learning_rate lin_1e-3, clip_range lin_0.2, MlpLstmPolicy with lstm_hidden_size 64,
 enable_critic_lstm, ReLU, net_arch pi=[64] vf=[64], ortho_init False; 1e5 steps.
 
-    python benchmarks/peer_sb3.py [--seed 0] [--total-steps 100000]
+    python benchmarks/peer_sb3.py [--seed 0] [--total-steps 100000] [--threads 1]
 """
 
 from __future__ import annotations
@@ -110,17 +110,17 @@ def main() -> int:
     parser.add_argument("--total-steps", type=int, default=100_000)
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument(
-        "--sb3-threads",
+        "--threads",
         type=int,
         default=1,
-        help="torch threads for sb3 (default 1, as rppo-train uses; 0 keeps "
-        "torch's default, 2 on a 2-core machine, which is much slower there "
-        "when anything else runs)",
+        help="torch threads for both trainers (default 1, rppo-train's default; 0 keeps "
+        "torch's default, 2 on a 2-core machine, which is much slower there when anything "
+        "else runs)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        sb3_child(args.seed, args.total_steps, args.episodes, args.sb3_threads)
+        sb3_child(args.seed, args.total_steps, args.episodes, args.threads)
         return 0
     try:
         import sb3_contrib  # noqa: F401
@@ -141,8 +141,8 @@ def main() -> int:
             str(args.total_steps),
             "--episodes",
             str(args.episodes),
-            "--sb3-threads",
-            str(args.sb3_threads),
+            "--threads",
+            str(args.threads),
         ]
     )
     if proc.returncode != 0:
@@ -170,6 +170,8 @@ def main() -> int:
             "WARNING",
             "--eval-episodes",
             str(args.episodes),
+            "--threads",
+            str(args.threads),
         ]
     )
     if proc.returncode != 0:
@@ -202,7 +204,14 @@ def main() -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = write_json(
         f"peer_sb3-{stamp}",
-        {"when_utc": stamp, "seed": args.seed, "load": load, "rows": rows, "ratio": ratio},
+        {
+            "when_utc": stamp,
+            "seed": args.seed,
+            "threads": args.threads,
+            "load": load,
+            "rows": rows,
+            "ratio": ratio,
+        },
     )
     print(f"wrote {path}")
     return 0
