@@ -6,10 +6,20 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.error import ResetNeeded
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from rppo_td.envs._cartpole_state import (
+    HIGH,
+    LOW,
+    bounds_of,
+    copies_state,
+    reset_rows,
+    saved_state,
+    seeds_of,
+)
 from rppo_td.envs._checks import EnvError
 
 __all__ = ["CartPoleNoVelVectorEnv"]
@@ -21,7 +31,10 @@ POLE_MASS_LENGTH = MASS_POLE * HALF_LENGTH
 X_LIMIT = 2.4
 THETA_LIMIT = 12 * 2 * np.pi / 360
 KEPT = np.array([0, 2])  # cart position and pole angle
-LOW, HIGH = -0.05, 0.05  # the reset bounds of every state entry
+_NO_COPIES = (
+    "CartPoleNoVelVectorEnv steps its copies as arrays and has no sub-env objects for {}; "
+    "make_vector_env(..., arrays=False) gives the checked copies in a SyncVectorEnv"
+)
 
 
 class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
@@ -67,16 +80,26 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
     }
 
     def __init__(
-        self, num_envs: int, *, max_episode_steps: int = 500, sutton_barto_reward: bool = False
+        self,
+        num_envs: int,
+        *,
+        max_episode_steps: int | None = 500,
+        sutton_barto_reward: bool = False,
     ) -> None:
         if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
             raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-        if max_episode_steps < 1:
-            raise ValueError(f"max_episode_steps must be >= 1, got {max_episode_steps}")
+        if max_episode_steps is None:  # gym.make's None: the registered limit
+            max_episode_steps = 500
+        if (
+            isinstance(max_episode_steps, bool)
+            or not isinstance(max_episode_steps, int)
+            or max_episode_steps < 1
+        ):
+            raise ValueError(f"max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
         self.num_envs = num_envs
         self.autoreset_mode = AutoresetMode.SAME_STEP
         self.max_episode_steps = max_episode_steps
-        self.sutton_barto_reward = sutton_barto_reward
+        self.sutton_barto_reward = bool(sutton_barto_reward)
         high = np.array([X_LIMIT * 2, np.inf, THETA_LIMIT * 2, np.inf], dtype=np.float32)
         self.single_observation_space = gym.spaces.Box(-high[KEPT], high[KEPT], dtype=np.float32)
         self.single_action_space = gym.spaces.Discrete(2)
@@ -85,46 +108,47 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         self.state = np.zeros((num_envs, 4), dtype=np.float64)
         self.elapsed = np.zeros(num_envs, dtype=np.int64)
         self.generators: list[np.random.Generator | None] = [None] * num_envs
+        self._seeds = [-1] * num_envs  # each copy's np_random_seed (-1: set from a state)
         self._started = False
 
     # ---- the vector env interface ---------------------------------------------------------
     def reset(
         self, *, seed: int | list[int | None] | None = None, options: dict | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
-        """Resets every copy; ``seed`` int: copy ``i`` gets ``seed + i``; a list: one each.
+        """Resets the copies (all, or ``options["reset_mask"]``'s); returns every copy's obs.
 
-        ``options`` may hold ``"low"`` and ``"high"``, the reset bounds of every state entry
-        (CartPole's default is ``-0.05`` to ``0.05``).
+        ``seed``: None (each copy's generator goes on), ``s`` (copy ``i`` gets ``s + i``) or
+        one entry per copy. ``options`` may hold ``"low"`` and ``"high"``, the reset bounds of
+        every state entry (CartPole's default is ``-0.05`` to ``0.05``), and ``"reset_mask"``
+        (``[W]`` bool: the copies to reset). Everything is checked before anything changes.
         """
-        if seed is None:
-            seeds: list[int | None] = [None] * self.num_envs
-        elif isinstance(seed, int) and not isinstance(seed, bool):
-            seeds = [seed + i for i in range(self.num_envs)]
-        elif isinstance(seed, list | tuple):
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(
-                    f"reset(seed=...): expected {self.num_envs} seeds, got {len(seeds)}"
-                )
-        else:
-            raise ValueError(f"reset(seed=...): expected an int, a list or None, got {seed!r}")
-        for i, one in enumerate(seeds):
-            if one is not None or self.generators[i] is None:
-                self.generators[i] = seeding.np_random(one)[0]
-        options = options or {}
-        low, high = float(options.get("low", LOW)), float(options.get("high", HIGH))
-        if not low <= high:
-            raise ValueError(f"reset options: expected low <= high, got {low} and {high}")
-        self._reset_rows(np.arange(self.num_envs), low, high)
+        options = dict(options or {})
+        seeds = seeds_of(seed, self.num_envs)
+        rows = reset_rows(options, self.num_envs, self._started)
+        low, high = bounds_of(options)
+        for i in rows:
+            if seeds[i] is not None or self.generators[i] is None:
+                self.generators[i], self._seeds[i] = seeding.np_random(seeds[i])
+        self._reset_rows(rows, low, high)
         self._started = True
         return self._observe(), {}
+
+    @property  # as SyncVectorEnv's: one per copy
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """Each copy's seed (``-1`` where its generator came from a saved state)."""
+        return tuple(self._seeds)
+
+    @property  # type: ignore[misc]
+    def np_random(self) -> tuple[np.random.Generator | None, ...]:  # type: ignore[override]
+        """Each copy's generator (None before the first reset)."""
+        return tuple(self.generators)
 
     def step(
         self, actions: Any
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Steps every copy with ``actions`` ``[W]``; resets the copies whose episode ended."""
         if not self._started:
-            raise RuntimeError("CartPoleNoVelVectorEnv: call reset() before step()")
+            raise ResetNeeded("CartPoleNoVelVectorEnv: call reset() before step()")
         push = self._push(actions)
         x, x_dot, theta, theta_dot = self.state.T
         cos, sin = np.cos(theta), np.sin(theta)
@@ -165,6 +189,18 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
             "render_mode='rgb_array') gives the checked copies, which do"
         )
 
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Refused: there are no sub-env objects (``SyncVectorEnv`` has them)."""
+        raise NotImplementedError(_NO_COPIES.format(f"get_attr({name!r})"))
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Refused: there are no sub-env objects (``SyncVectorEnv`` has them)."""
+        raise NotImplementedError(_NO_COPIES.format(f"call({name!r})"))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        """Refused: there are no sub-env objects (``SyncVectorEnv`` has them)."""
+        raise NotImplementedError(_NO_COPIES.format(f"set_attr({name!r})"))
+
     def close_extras(self, **kwargs: Any) -> None:
         """Nothing to release."""
 
@@ -180,46 +216,21 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         }
 
     def set_state(self, saved: dict[str, Any]) -> None:
-        """Restores ``get_state()``'s output (of an env with the same ``num_envs``)."""
-        if saved.get("num_envs") != self.num_envs:
-            raise ValueError(
-                f"saved CartPole state: expected {self.num_envs} envs, got {saved.get('num_envs')}"
-            )
-        self.state = np.array(saved["state"], dtype=np.float64).reshape(self.num_envs, 4)
-        self.elapsed = np.array(saved["elapsed"], dtype=np.int64).reshape(self.num_envs)
-        self.generators = []
-        for bits in saved["generators"]:
-            generator = None
-            if bits is not None:
-                generator = seeding.np_random(0)[0]
-                generator.bit_generator.state = bits
-            self.generators.append(generator)
-        self._started = bool(saved["started"])
+        """Restores ``get_state()``'s output (of an env with the same ``num_envs``).
+
+        The whole of ``saved`` is checked first (``ValueError`` naming what is wrong), so a
+        refused state leaves the env as it was.
+        """
+        self.state, self.elapsed, self.generators, self._started = saved_state(saved, self.num_envs)
+        self._seeds = [-1] * self.num_envs
 
     def copies_state(self, envs: list[gym.Env]) -> dict[str, Any]:
         """``get_state()``'s form for ``W`` separate copies (``make_env``'s, reset before).
 
-        Lets a checkpoint of the checked copies resume here exactly.
+        Lets a checkpoint of the checked copies resume here exactly; copies of another env,
+        time limit or reward are refused.
         """
-        if len(envs) != self.num_envs:
-            raise ValueError(f"saved envs: expected {self.num_envs} envs, got {len(envs)}")
-        rows, elapsed, generators = [], [], []
-        for env in envs:
-            limit = env
-            while not isinstance(limit, gym.wrappers.TimeLimit):
-                if not isinstance(limit, gym.Wrapper):
-                    raise ValueError(f"saved env {env} has no TimeLimit: not a CartPole copy")
-                limit = limit.env
-            rows.append(np.asarray(env.unwrapped.state, dtype=np.float64))  # type: ignore[attr-defined]
-            elapsed.append(int(limit._elapsed_steps or 0))
-            generators.append(env.unwrapped.np_random.bit_generator.state)
-        return {
-            "num_envs": self.num_envs,
-            "state": np.stack(rows),
-            "elapsed": np.array(elapsed),
-            "generators": generators,
-            "started": True,
-        }
+        return copies_state(envs, self.num_envs, self.max_episode_steps, self.sutton_barto_reward)
 
     # ---- helpers --------------------------------------------------------------------------
     def _push(self, actions: Any) -> np.ndarray:
@@ -246,4 +257,4 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         self.elapsed[rows] = 0
 
     def _observe(self) -> np.ndarray:
-        return self.state[:, KEPT].astype(np.float32)
+        return np.ascontiguousarray(self.state[:, KEPT], dtype=np.float32)

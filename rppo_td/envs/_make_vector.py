@@ -14,12 +14,14 @@ from rppo_td.envs._vector import CheckedVectorEnv
 
 __all__ = ["make_vector_env"]
 
-# what CartPoleNoVelVectorEnv takes of gym.make's keyword arguments
+# what CartPoleNoVelVectorEnv takes of gym.make's keyword arguments (render_mode only as None;
+# disable_env_checker concerns gymnasium's passive checker, which it has no use for)
 NATIVE_CARTPOLE_KWARGS = {"max_episode_steps", "sutton_barto_reward"}
+IGNORED_KWARGS = {"disable_env_checker"}
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, *, processes: int = 0, **kwargs: Any
+    env_id: str, num_envs: int, *, processes: int = 0, arrays: bool = True, **kwargs: Any
 ) -> gym.vector.VectorEnv:
     """A checked vector env of ``num_envs`` ``make_env`` copies, ``SAME_STEP`` autoreset.
 
@@ -33,10 +35,11 @@ def make_vector_env(
     observations at once, which costs a few percent of a CartPole step.
 
     With ``processes=0`` it is a ``CheckedVectorEnv`` (a ``SyncVectorEnv``) stepping every
-    copy in this process; for ``rppo_td/CartPoleNoVel-v1`` (with no keyword arguments but
-    ``max_episode_steps`` and ``sutton_barto_reward``) it is a ``CartPoleNoVelVectorEnv``,
-    which steps all copies as arrays with the same episodes, bit for bit, about five times
-    faster; with ``processes=N >= 1`` it is a ``ProcessVectorEnv``: the same
+    copy in this process; for ``rppo_td/CartPoleNoVel-v1`` (with ``arrays`` and no keyword
+    arguments but ``max_episode_steps``, ``sutton_barto_reward``, ``render_mode=None`` and
+    ``disable_env_checker``) it is a ``CartPoleNoVelVectorEnv``, which steps all copies as
+    arrays with the same episodes, bit for bit, about five times faster; with
+    ``processes=N >= 1`` it is a ``ProcessVectorEnv``: the same
     copies, ``W / N`` per worker process, stepped by TorchRL's ``ParallelEnv`` and seen
     through the same interface (same seeds, same observations, rewards, flags and
     ``final_obs``).
@@ -45,6 +48,9 @@ def make_vector_env(
         env_id: see ``resolve_env_id``.
         num_envs: ``W >= 1``.
         processes: worker processes ``N`` (``0``: none); ``N`` must divide ``W``.
+        arrays: step ``rppo_td/CartPoleNoVel-v1`` as arrays where the keyword arguments
+            allow; False always gives the checked copies (which have sub-env objects for
+            ``get_attr``, ``call`` and pickling one by one).
         **kwargs: passed to ``gym.make``.
 
     Raises:
@@ -65,7 +71,9 @@ def make_vector_env(
     if processes:
         # the workers import a module:EnvId's module themselves
         return ProcessVectorEnv(env_id, num_envs, processes=processes, kwargs=kwargs)
-    if name == CARTPOLE_NOVEL_ID and set(kwargs) <= NATIVE_CARTPOLE_KWARGS:
-        return CartPoleNoVelVectorEnv(num_envs, **kwargs)
+    if arrays and name == CARTPOLE_NOVEL_ID and kwargs.get("render_mode") is None:
+        native = {k: v for k, v in kwargs.items() if k not in IGNORED_KWARGS | {"render_mode"}}
+        if set(native) <= NATIVE_CARTPOLE_KWARGS:
+            return CartPoleNoVelVectorEnv(num_envs, **native)
     fns = [_Maker(name, kwargs) for _ in range(num_envs)]
     return CheckedVectorEnv(fns, env_id=name)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from hypothesis import given
 from hypothesis import strategies as st
@@ -139,11 +141,11 @@ def test_bad_actions_are_refused_by_name(actions):
 
 def test_misuse_is_refused():
     env = CartPoleNoVelVectorEnv(2)
-    with pytest.raises(RuntimeError, match="reset"):
+    with pytest.raises(ResetNeeded, match="reset"):
         env.step(np.array([0, 1]))
     with pytest.raises(NotImplementedError, match="render_mode='rgb_array'"):
         env.render()
-    with pytest.raises(ValueError, match="expected an int, a list or None, got True"):
+    with pytest.raises(ValueError, match="expected an int, W ints or None, got True"):
         env.reset(seed=True)
     with pytest.raises(ValueError, match="expected 2 seeds, got 3"):
         env.reset(seed=[1, 2, 3])
@@ -151,12 +153,20 @@ def test_misuse_is_refused():
         env.reset(options={"low": 0.1, "high": -0.1})
     with pytest.raises(ValueError, match="num_envs"):
         CartPoleNoVelVectorEnv(0)
+    for limit in (0, 2.5, np.int64(5), True):
+        with pytest.raises(ValueError, match="max_episode_steps must be an int >= 1"):
+            CartPoleNoVelVectorEnv(2, max_episode_steps=limit)
     with pytest.raises(ValueError, match="expected 2 envs, got 3"):
         env.set_state(CartPoleNoVelVectorEnv(3).get_state())
 
 
 def test_make_vector_env_uses_it_only_where_it_is_the_same_env():
     assert isinstance(make_vector_env(CARTPOLE_NOVEL_ID, 2), CartPoleNoVelVectorEnv)
+    quiet = make_vector_env(CARTPOLE_NOVEL_ID, 2, render_mode=None, disable_env_checker=True)
+    assert isinstance(quiet, CartPoleNoVelVectorEnv)
+    limit = make_vector_env(CARTPOLE_NOVEL_ID, 2, max_episode_steps=None)  # gym.make's None
+    assert isinstance(limit, CartPoleNoVelVectorEnv) and limit.max_episode_steps == 500
+    assert isinstance(make_vector_env(CARTPOLE_NOVEL_ID, 2, arrays=False), CheckedVectorEnv)
     limited = make_vector_env(f"rppo_td.envs:{CARTPOLE_NOVEL_ID}", 2, max_episode_steps=7)
     assert isinstance(limited, CartPoleNoVelVectorEnv) and limited.max_episode_steps == 7
     # anything else it does not do (rendering, other keywords) goes to the checked copies
@@ -169,3 +179,90 @@ def test_make_vector_env_uses_it_only_where_it_is_the_same_env():
     assert env.single_observation_space == make_env(CARTPOLE_NOVEL_ID).observation_space
     assert env.single_action_space == gym.spaces.Discrete(2)
     assert env.autoreset_mode == AutoresetMode.SAME_STEP
+
+
+def test_reset_mask_resets_only_those_copies():
+    ours, reference = CartPoleNoVelVectorEnv(3), _copies(3)
+    for env in (ours, reference):
+        env.reset(seed=0)
+    actions = np.zeros(3, dtype=np.int64)
+    for _ in range(7):
+        _assert_same_step(ours.step(actions), reference.step(actions))
+    options = {"reset_mask": np.array([True, False, True])}
+    obs = ours.reset(seed=[4, None, None], options=options)[0]
+    expected = reference.reset(seed=[4, None, None], options=dict(options))[0]
+    assert _bits(obs) == _bits(expected)
+    assert "reset_mask" in options  # the caller's options are left alone
+    for _ in range(30):
+        _assert_same_step(ours.step(actions), reference.step(actions))
+    with pytest.raises(ValueError, match=r"'reset_mask' must be a bool array \(3,\)"):
+        ours.reset(options={"reset_mask": [True, False, True]})
+    with pytest.raises(ValueError, match="first reset must reset every copy"):
+        CartPoleNoVelVectorEnv(3).reset(options=options)
+
+
+def test_refused_calls_leave_the_env_as_it_was():
+    env, twin = CartPoleNoVelVectorEnv(3), CartPoleNoVelVectorEnv(3)
+    for one in (env, twin):
+        one.reset(seed=0)
+        one.step(np.array([1, 0, 1]))
+    refused = [
+        ({"seed": [7, -1, 2]}, "every seed must be None or an int >= 0, got -1"),
+        ({"seed": 5, "options": {"low": 1, "high": 0}}, "expected low <= high"),
+        ({"seed": 5, "options": {"low": "a"}}, "'low' must be a finite number, got 'a'"),
+        ({"options": {"high": float("nan")}}, "'high' must be a finite number"),
+        ({"options": {"low": None}}, "'low' must be a finite number, got None"),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            env.reset(**kwargs)
+    good = env.get_state()
+    corrupt = [
+        ({**good, "generators": good["generators"][:2]}, "expected 3 generator states"),
+        ({**good, "generators": [{"bit_generator": "MT19937", "state": {}}] * 3}, "unusable"),
+        ({k: v for k, v in good.items() if k != "started"}, "missing ['started']"),
+        ({**good, "generators": [None] * 3}, "a started env needs every generator"),
+        ({**good, "state": np.full((3, 4), np.nan)}, "'state' must be finite float64 (3, 4)"),
+        ({**good, "state": good["state"].T.copy()}, "'state' must be finite float64 (3, 4)"),
+        ({**good, "elapsed": np.array([1.5, 0, 0])}, "'elapsed' must be ints >= 0 (3,)"),
+        ({**good, "elapsed": np.array([-1, 0, 0])}, "'elapsed' must be ints >= 0 (3,)"),
+        ({**good, "started": "no"}, "'started' must be a bool"),
+        ("not a state", "expected a dict, got str"),
+    ]
+    for saved, message in corrupt:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            env.set_state(saved)
+    for _ in range(40):
+        _assert_same_step(env.step(np.array([0, 1, 1])), twin.step(np.array([0, 1, 1])))
+
+
+def test_copies_state_refuses_other_copies():
+    env = CartPoleNoVelVectorEnv(2)
+    never_reset = [make_env(CARTPOLE_NOVEL_ID) for _ in range(2)]
+    with pytest.raises(ValueError, match="never reset"):
+        env.copies_state(never_reset)
+    acrobot = [gym.make("Acrobot-v1") for _ in range(2)]
+    for one in acrobot:
+        one.reset(seed=0)
+    with pytest.raises(ValueError, match="expected CartPole copies with a time limit"):
+        env.copies_state(acrobot)
+    short = _copies(2, max_episode_steps=9)
+    short.reset(seed=0)
+    with pytest.raises(ValueError, match="time limit is 9 steps, this env's 500"):
+        env.copies_state(short.envs)
+    with pytest.raises(ValueError, match="expected 2 envs, got 3"):
+        env.copies_state(_copies(3).envs)
+
+
+def test_what_a_sync_vector_env_user_reads():
+    ours, reference = CartPoleNoVelVectorEnv(3), _copies(3)
+    obs, _ = ours.reset(seed=0)
+    reference.reset(seed=0)
+    assert obs.flags.c_contiguous and ours.step(np.zeros(3, dtype=np.int64))[0].flags.c_contiguous
+    assert ours.np_random_seed == reference.np_random_seed == (0, 1, 2)
+    assert len(ours.np_random) == 3
+    for call in (lambda: ours.get_attr("spec"), lambda: ours.call("render")):
+        with pytest.raises(NotImplementedError, match=r"make_vector_env\(\.\.\., arrays=False\)"):
+            call()
+    with pytest.raises(NotImplementedError, match="arrays=False"):
+        ours.set_attr("x", [1, 2, 3])
