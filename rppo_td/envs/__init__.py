@@ -25,7 +25,8 @@ the spaces the agent is built from (discrete spaces from 0, flat action vectors)
 ``make_vector_env(env_id, W, processes=N)`` steps the same checked copies in ``N`` worker
 processes (TorchRL's ``ParallelEnv``, as a ``ProcessVectorEnv``), with the same results. For
 ``rppo_td/CartPoleNoVel-v1`` in this process ``make_vector_env`` returns
-``CartPoleNoVelVectorEnv``: the ``W`` copies stepped as arrays, their episodes to the bit.
+``CartPoleNoVelVectorEnv``: the ``W`` copies stepped as arrays, their episodes to the bit
+(``arrays=False`` keeps the checked copies, for code that needs the sub-env objects).
 """
 
 from rppo_td.envs._cartpole_novel import (
