@@ -19,15 +19,17 @@ class MultiCategorical:
         nvec: the category count of each entry.
     """
 
+    has_rsample = False  # TorchRL's Monte-Carlo entropy fallback asks
+
     def __init__(self, logits: torch.Tensor, nvec: list[int]) -> None:
         self.parts = [
             Categorical(logits=chunk, validate_args=False)
             for chunk in torch.split(logits, nvec, dim=-1)
         ]
 
-    def sample(self) -> torch.Tensor:
-        """``[*B, K]`` int64."""
-        return torch.stack([d.sample() for d in self.parts], dim=-1)
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        """``[*sample_shape, *B, K]`` int64."""
+        return torch.stack([d.sample(sample_shape) for d in self.parts], dim=-1)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:
         """``[*B, K]`` int64 -> ``[*B]``, the sum over entries."""
@@ -46,11 +48,13 @@ class MultiCategorical:
 class _DiagonalNormal:
     """Normal with a diagonal covariance; log-prob and entropy summed over ``D``."""
 
+    has_rsample = False
+
     def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
         self.base = Normal(mean, log_std.exp().expand_as(mean), validate_args=False)
 
-    def sample(self) -> torch.Tensor:
-        return self.base.sample()
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        return self.base.sample(sample_shape)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:
         return self.base.log_prob(action).sum(-1)
@@ -64,11 +68,13 @@ class _DiagonalNormal:
 
 
 class _Categorical:
+    has_rsample = False
+
     def __init__(self, logits: torch.Tensor) -> None:
         self.base = Categorical(logits=logits, validate_args=False)
 
-    def sample(self) -> torch.Tensor:
-        return self.base.sample()
+    def sample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:  # noqa: B008
+        return self.base.sample(sample_shape)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:
         return self.base.log_prob(action)

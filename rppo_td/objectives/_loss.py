@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import dispatch
 from torchrl.modules import set_recurrent_mode
-from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
@@ -22,6 +23,14 @@ from rppo_td.objectives._value import GAEEstimator
 __all__ = ["RecurrentPPOLoss"]
 
 _DEFAULT = RolloutKeys()
+# the keyword arguments TorchRL's ClipPPOLoss and PPOLoss take (PPOLoss swallows any other
+# silently), and the two it refuses itself with a message naming their new spelling
+_TORCHRL_KWARGS = {
+    name
+    for cls in (ClipPPOLoss, PPOLoss)
+    for name, p in inspect.signature(cls.__init__).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY or p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+} | {"critic_coef", "entropy_coef"}
 _PARAMS = (
     "actor_network_params",
     "critic_network_params",
@@ -157,6 +166,16 @@ class RecurrentPPOLoss(ClipPPOLoss):
         **kwargs: Any,
     ) -> None:
         check_process_group(process_group, "RecurrentPPOLoss")
+        unknown = sorted(set(kwargs) - _TORCHRL_KWARGS)
+        if unknown:
+            hint = ""
+            if {"start_state", "burn_in"} & set(unknown):
+                hint = (
+                    "; start states and burn-in are SequenceStartStates' options: apply "
+                    "SequenceStartStates(modules, start_state=..., burn_in=...) to the padded "
+                    "sequences before each epoch"
+                )
+            raise TypeError(f"RecurrentPPOLoss got unexpected keyword arguments {unknown}{hint}")
         if kwargs.get("normalize_advantage_exclude_dims"):
             raise ValueError(
                 "RecurrentPPOLoss normalises the advantage over all real steps; "

@@ -32,7 +32,10 @@ class SequenceStartStates(RolloutTransform):
     - ``start_state="stored"``: the state stored during collection (zero at an episode's
       first step).
     - ``start_state="refreshed"``: recomputed by the current networks, running each
-      worker's row from its first stored state and starting from zero at each ``is_init``.
+      worker's row from its first stored state and starting from zero at each episode start:
+      each ``is_init``, and where the input has ``episode_id``, wherever it changes (so a
+      rollout whose ``is_init`` misses a reset still starts each episode from zero; the
+      stored states are zeroed there too).
       All rows run together (never a Python loop over workers, episodes or sequences).
     - ``start_state="zero"``: zero.
     - ``burn_in=K`` (with ``"stored"`` or ``"zero"``): the up to ``K`` steps of the same
@@ -77,8 +80,10 @@ class SequenceStartStates(RolloutTransform):
 
     Raises:
         ValueError: an unknown ``start_state``, a negative ``burn_in``, a module without a
-            recurrent state; at call time a missing or malformed key (named), or padded
-            sequences that are not all the sequences of one rollout.
+            recurrent state; at call time a missing or malformed key (named; a state key
+            must have the module's float dtype and, for rppo_td's modules and TorchRL's
+            ``LSTMModule``/``GRUModule``, its ``(layers, hidden)`` shape), or padded sequences
+            that are not all the sequences of one rollout.
 
     Example:
         >>> import gymnasium as gym
@@ -143,6 +148,15 @@ class SequenceStartStates(RolloutTransform):
         self.burn_in = burn_in
         # rppo_td's modules run whole sequences in one call (final_states)
         self._by_sequences = all(hasattr(module, "final_states") for module, _ in plan)
+        self._state_shapes = {
+            key: shape for module, own in plan for key in own if (shape := _state_shape(module))
+        }
+        self._state_dtypes = {
+            key: param.dtype
+            for module, own in plan
+            for key in own
+            if (param := next(iter(module.parameters()), None)) is not None
+        }
 
     def _repr_args(self) -> str:
         return f"start_state={self.start_state!r}, burn_in={self.burn_in}"
@@ -259,7 +273,19 @@ class SequenceStartStates(RolloutTransform):
         n = mask.shape[0]
         is_init = get_key(tensordict, self.keys.is_init)
         check_dtype(self.keys.is_init, is_init, torch.bool)
-        starts_episode = is_init.reshape(n, -1)[:, 0]
+        starts_episode = is_init.reshape(n, -1)[:, 0].clone()
+        episode_id = tensordict.get(self.keys.episode_id, None)
+        if episode_id is not None:
+            # a sequence also starts an episode where the step before it, in its worker's
+            # row, is of another episode (is_init may miss a reset)
+            check_dtype(self.keys.episode_id, episode_id, torch.int64)
+            offsets = torch.arange(mask.shape[1], device=first.device)
+            flat = (first.unsqueeze(1) + offsets).flatten()
+            real = mask.flatten()
+            ids = torch.full((int(flat.max()) + 1,), -1, dtype=torch.int64, device=first.device)
+            ids[flat[real]] = episode_id.reshape(-1)[real]
+            previous = ids.index_select(0, (first - 1).clamp(min=0))
+            starts_episode |= (first % num_time > 0) & (previous != ids.index_select(0, first))
         lengths = mask.sum(1)
         order = torch.argsort(first)
         worker_sorted = (first // num_time).index_select(0, order)
@@ -280,6 +306,7 @@ class SequenceStartStates(RolloutTransform):
         final: dict[NestedKey, torch.Tensor] = {}
         with torch.no_grad():
             for key in self.state_keys:
+                self._check_state(key, get_key(tensordict, key), tuple(mask.shape))
                 stored = get_key(tensordict, key)[:, 0]
                 start[key] = torch.where(_expand(starts_episode, stored), 0.0, stored).detach()
                 final[key] = torch.zeros_like(start[key])
@@ -307,7 +334,29 @@ class SequenceStartStates(RolloutTransform):
             keys.append(self.keys.episode_id)
         for key in keys:
             get_key(tensordict, key, hint=f"(SequenceStartStates reads {key!r})")
+        if (
+            self.keys.episode_id not in keys
+            and tensordict.get(self.keys.episode_id, None) is not None
+        ):
+            keys.append(self.keys.episode_id)  # where episodes start, with is_init
         return keys
+
+    def _check_state(self, key: NestedKey, value: torch.Tensor, batch: tuple[int, ...]) -> None:
+        """A state key's ``[*B, *S]``: the module's float dtype, and ``S`` where it is known."""
+        expected = self._state_shapes.get(key)
+        dtype = self._state_dtypes.get(key)
+        shape = tuple(value.shape)
+        if (
+            not value.is_floating_point()
+            or (dtype is not None and value.dtype != dtype)
+            or shape[: len(batch)] != batch
+            or len(shape) < len(batch) + 1
+            or (expected is not None and shape[len(batch) :] != expected)
+        ):
+            want = list(batch) + (list(expected) if expected is not None else ["*S"])
+            raise ValueError(
+                f"{key!r} must be a float state of shape {want}, got {value.dtype} {list(shape)}"
+            )
 
     # ---- the states ---------------------------------------------------------------------------
     def _states(
@@ -328,9 +377,20 @@ class SequenceStartStates(RolloutTransform):
                 f"{list(is_init.shape)}"
             )
         is_init = is_init.reshape(num_workers, num_time)
+        episode_id = rollout.get(keys.episode_id, None)
+        if episode_id is not None:
+            check_shape(keys.episode_id, episode_id, (num_workers, num_time))
+            check_dtype(keys.episode_id, episode_id, torch.int64)
+            # an episode starts where is_init says so and where its id changes (a rollout
+            # whose is_init misses a reset still starts each episode from zero)
+            is_init = is_init.clone()
+            is_init[:, 1:] |= episode_id[:, 1:] != episode_id[:, :-1]
+            rollout = rollout.copy()
+            rollout.set(keys.is_init, is_init.unsqueeze(-1))
         stored: dict[NestedKey, torch.Tensor] = {}
         for key in self.state_keys:
             value = get_key(rollout, key)
+            self._check_state(key, value, (num_workers, num_time))
             zero = is_init.view(num_workers, num_time, *([1] * (value.ndim - 2)))
             stored[key] = torch.where(zero, 0.0, value).detach()
         with torch.no_grad():
@@ -366,7 +426,11 @@ class SequenceStartStates(RolloutTransform):
         first = episode_first_steps(episode_id).flatten().index_select(0, starts)
         worker, start_time = starts // num_time, starts % num_time
         lengths = burn_in_lengths(start_time, first, self.burn_in)
-        columns, active = burn_in_window(start_time, lengths, self.burn_in)
+        # no wider than the longest burn-in (at most T - 1 steps), whatever K is
+        width = min(self.burn_in, int(lengths.max())) if lengths.numel() else 0
+        if width == 0:  # every sequence starts its episode fragment: nothing to burn in
+            return {key: v.index_select(0, starts) for key, v in flat_base.items()}
+        columns, active = burn_in_window(start_time, lengths, width)
         rows = worker.unsqueeze(1) * num_time
         window = rollout.select(*self._input_keys()).reshape(-1)[rows + columns]
         begin = starts - lengths
@@ -423,6 +487,23 @@ def state_keys_of(module: Any) -> tuple[NestedKey, ...]:
             "it also reads (an LSTMModule's recurrent_state_h, for instance)"
         )
     return keys
+
+
+def _state_shape(module: Any) -> tuple[int, ...] | None:
+    """The state shape ``(layers, hidden)`` of a module, where it can be read.
+
+    rppo_td's modules, and TorchRL's ``LSTMModule``/``GRUModule`` (also inside a
+    ``ProbabilisticActor``); else None.
+    """
+    net = getattr(module, "net", None)
+    if net is not None and hasattr(net, "state_shape"):
+        return tuple(net.state_shape)
+    candidates = [module, *getattr(module, "modules", lambda: [])()]
+    for part in candidates:
+        core = getattr(part, "lstm", None) or getattr(part, "gru", None)
+        if core is not None and hasattr(core, "hidden_size") and hasattr(core, "num_layers"):
+            return (int(core.num_layers), int(core.hidden_size))
+    return None
 
 
 def _as_tuple(key: NestedKey) -> tuple[str, ...]:

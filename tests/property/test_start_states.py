@@ -43,6 +43,9 @@ def cases(draw):
     is_init[:, 1:] = done[:, :-1]
     first = draw(st.lists(st.booleans(), min_size=workers, max_size=workers), label="init[:, 0]")
     is_init[:, 0, 0] = torch.tensor(first)
+    if not draw(st.booleans(), label="is_init marks every episode start"):
+        # a collector that misses resets: the episode ids (from done) still start episodes
+        is_init[:, 1:] = False
     td = TensorDict(
         {
             "observation": torch.randn(workers, steps, 2),
@@ -78,16 +81,24 @@ def _groups(net):
     return groups
 
 
+def episode_starts(td):
+    """``[W, T]`` bool: ``is_init``, or the episode id changing from the step before."""
+    starts = td["is_init"][..., 0].clone()
+    starts[:, 1:] |= td["episode_id"][:, 1:] != td["episode_id"][:, :-1]
+    return starts
+
+
 def reference_refreshed(net, td):
     """Per key, ``[W, T, layers, H]``: each row stepped from its first stored state."""
     workers, steps = td.batch_size
+    starts = episode_starts(td)
     out = {key: torch.zeros(workers, steps, *net.state_shape) for key in net.state_keys}
     with torch.no_grad():
         for keys, critic in _groups(net):
             for w in range(workers):
                 state = tuple(td[key][w, 0].unsqueeze(0) for key in keys)
                 for t in range(steps):
-                    if td["is_init"][w, t, 0]:
+                    if starts[w, t]:
                         state = tuple(torch.zeros_like(s) for s in state)
                     for key, s in zip(keys, state, strict=True):
                         out[key][w, t] = s[0]
@@ -150,8 +161,9 @@ def test_start_states_after_burn_in_match_the_reference(case, start_state):
         base = reference_refreshed(net, td)
     elif start_state == "zero":
         base = {key: torch.zeros_like(td[key]) for key in net.state_keys}
-    else:
-        base = {key: td[key] for key in net.state_keys}
+    else:  # stored: zero wherever an episode starts
+        zero = episode_starts(td)[..., None, None]
+        base = {key: torch.where(zero, 0.0, td[key]) for key in net.state_keys}
     transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)
     padded = SequencePadder()(td)
     out = transform(padded)
@@ -298,3 +310,50 @@ def test_refusals_name_the_setting():
         SequenceStartStates(RecurrentActor(net), start_state="stored", burn_in=2)(
             padded.exclude("episode_id")
         )
+
+
+def _small_rollout(net, workers=2, steps=5):
+    td = TensorDict(
+        {
+            "observation": torch.randn(workers, steps, 2),
+            "is_init": torch.zeros(workers, steps, 1, dtype=torch.bool),
+            "next": {"done": torch.zeros(workers, steps, 1, dtype=torch.bool)},
+        },
+        batch_size=[workers, steps],
+    )
+    for key in net.state_keys:
+        td.set(key, torch.randn(workers, steps, *net.state_shape))
+    return SequenceChunker(sequence_length=2)(EpisodeSplitter()(td))
+
+
+@pytest.mark.parametrize(
+    ("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0), ("zero", 1)]
+)
+def test_malformed_states_are_refused_by_name(start_state, burn_in):
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    td = _small_rollout(net)
+    transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)
+    bad = {
+        "hidden size 2": torch.zeros(2, 5, 1, 2),
+        "no layers dimension": torch.zeros(2, 5, 3),
+        "float64": torch.zeros(2, 5, 1, 3, dtype=torch.float64),
+        "int64": torch.zeros(2, 5, 1, 3, dtype=torch.int64),
+    }
+    for value in bad.values():
+        wrong = td.clone()
+        wrong.set("recurrent_state_h", value)
+        message = r"'recurrent_state_h' must be a float state of shape \[2, 5, 1, 3\]"
+        with pytest.raises(ValueError, match=message):
+            transform(wrong)
+        with pytest.raises(ValueError, match="'recurrent_state_h' must be a float state"):
+            transform(SequencePadder()(wrong))
+
+
+def test_a_burn_in_longer_than_the_rollout_is_the_rollout():
+    # the window is as wide as the longest burn-in the rollout allows (T - 1), not K
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    padded = SequencePadder()(_small_rollout(net))
+    whole = SequenceStartStates(_modules(net), start_state="stored", burn_in=4)(padded)
+    huge = SequenceStartStates(_modules(net), start_state="stored", burn_in=10**9)(padded)
+    for key in net.state_keys:
+        assert torch.equal(whole[key], huge[key])

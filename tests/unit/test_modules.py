@@ -389,3 +389,19 @@ def test_forget_bias_refuses_cores_without_a_forget_gate_and_non_finite_values(
         RecurrentActorCritic(
             BOX, ACTIONS["discrete"], recurrence=recurrence, forget_bias=forget_bias
         )
+
+
+def test_distributions_take_a_sample_shape_for_torchrls_entropy_fallback():
+    # TorchRL's PPOLoss estimates the entropy from dist.sample((n,)) when dist.entropy() is
+    # not finite, after reading dist.has_rsample
+    from rppo_td.modules._heads import MultiCategorical, _Categorical, _DiagonalNormal
+
+    for dist, event in (
+        (_Categorical(torch.randn(3, 4)), ()),
+        (MultiCategorical(torch.randn(3, 5), [2, 3]), (2,)),
+        (_DiagonalNormal(torch.randn(3, 2), torch.zeros(2)), (2,)),
+    ):
+        assert dist.has_rsample is False
+        draws = dist.sample(torch.Size([5]))
+        assert draws.shape == (5, 3, *event)
+        assert dist.log_prob(draws).shape == (5, 3)

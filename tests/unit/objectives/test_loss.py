@@ -300,3 +300,20 @@ def test_reduction_none_keeps_positions_and_zeroes_padding():
         assert (out[key][~mask] == 0).all(), key
         torch.testing.assert_close(out[key][mask].mean(), mean[key], msg=key)
     assert out["clip_fraction"].shape == () and out["ESS"].shape == ()
+
+
+def test_unknown_options_are_refused_not_swallowed():
+    # TorchRL's PPOLoss ignores keyword arguments it does not know; RecurrentPPOLoss names them
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+
+    net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), hidden_size=4)
+    actor, critic = RecurrentActor(net), RecurrentCritic(net)
+    with pytest.raises(TypeError, match=r"\['burn_in', 'start_state'\]; .*SequenceStartStates"):
+        RecurrentPPOLoss(actor, critic, burn_in=4, start_state="refreshed")
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['clip_epslion'\]"):
+        RecurrentPPOLoss(actor, critic, clip_epslion=0.1)
+    with pytest.raises(TypeError, match="entropy_coeff"):  # TorchRL's own message
+        RecurrentPPOLoss(actor, critic, entropy_coef=0.1)
+    RecurrentPPOLoss(actor, critic, entropy_bonus=False, separate_losses=True, functional=False)
