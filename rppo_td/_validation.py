@@ -255,6 +255,15 @@ def check_value_network(value_network: object) -> None:
         )
 
 
+def check_int_at_least(name: str, value: object, low: int) -> None:
+    """Raises a ``ValueError`` unless ``value`` is an ``int`` (not a bool) ``>= low``.
+
+    ``num_envs``, ``processes``, ``rollout_steps``: counts given by a caller.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def check_unit_interval(name: str, value: object) -> None:
     """Raises a ``ValueError`` unless ``value`` is a real number with ``0 <= value <= 1``.
 

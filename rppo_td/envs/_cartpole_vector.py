@@ -11,6 +11,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from rppo_td._validation import check_int_at_least
 from rppo_td.envs._cartpole_state import (
     HIGH,
     LOW,
@@ -86,16 +87,10 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
         max_episode_steps: int | None = 500,
         sutton_barto_reward: bool = False,
     ) -> None:
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
+        check_int_at_least("num_envs", num_envs, 1)
         if max_episode_steps is None:  # gym.make's None: the registered limit
             max_episode_steps = 500
-        if (
-            isinstance(max_episode_steps, bool)
-            or not isinstance(max_episode_steps, int)
-            or max_episode_steps < 1
-        ):
-            raise ValueError(f"max_episode_steps must be an int >= 1, got {max_episode_steps!r}")
+        check_int_at_least("max_episode_steps", max_episode_steps, 1)
         self.num_envs = num_envs
         self.autoreset_mode = AutoresetMode.SAME_STEP
         self.max_episode_steps = max_episode_steps

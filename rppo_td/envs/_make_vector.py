@@ -6,6 +6,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from rppo_td._validation import check_int_at_least
 from rppo_td.envs._cartpole_novel import CARTPOLE_NOVEL_ID
 from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
 from rppo_td.envs._make import _Maker, resolve_env_id
@@ -63,10 +64,8 @@ def make_vector_env(
         ((3, 2), Discrete(2))
         >>> env.close()
     """
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs must be an int >= 1, got {num_envs!r}")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 0:
-        raise ValueError(f"processes must be an int >= 0, got {processes!r}")
+    check_int_at_least("num_envs", num_envs, 1)
+    check_int_at_least("processes", processes, 0)
     name = resolve_env_id(env_id)
     if processes:
         # the workers import a module:EnvId's module themselves

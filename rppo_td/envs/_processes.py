@@ -23,6 +23,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
+from rppo_td._validation import check_int_at_least
 from rppo_td.envs._checks import EnvError
 from rppo_td.envs._make import _make, _Maker, resolve_env_id
 from rppo_td.envs._vector import CheckedVectorEnv
@@ -67,8 +68,7 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
     ) -> None:
         from torchrl.envs import ParallelEnv
 
-        if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-            raise ValueError(f"processes must be an int >= 1, got {processes!r}")
+        check_int_at_least("processes", processes, 1)
         if num_envs % processes:
             raise ValueError(
                 f"env {env_id!r}: {processes} worker processes cannot share {num_envs} envs "
