@@ -45,9 +45,9 @@ class CartPoleNoVelVectorEnv(gym.vector.VectorEnv):
     copy's state is a row of one ``[W, 4]`` float64 array stepped with CartPole-v1's Euler
     update in the same order of operations, copy ``i`` draws its resets from its own
     generator (seeded ``seed + i`` by ``reset(seed=seed)``, as ``SyncVectorEnv`` seeds its
-    copies), and a copy is truncated after 500 steps (gymnasium's ``TimeLimit``). Only the
-    Python work of ``W`` env objects and their wrappers per step is gone. The properties
-    test checks the equality against the checked copies.
+    copies), and a copy is truncated after ``max_episode_steps`` (500, gymnasium's
+    ``TimeLimit``). Only the Python work of ``W`` env objects and their wrappers per step is
+    gone; ``tests/unit/test_cartpole_vector.py`` checks the equality against the copies.
 
     Observations ``[W, 2]`` float32 (cart position, pole angle); actions ``[W]`` integers
     in ``{0, 1}``; rewards ``[W]`` float64 (1 per step, or with ``sutton_barto_reward`` -1
