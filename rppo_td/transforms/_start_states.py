@@ -236,7 +236,19 @@ class SequenceStartStates(RolloutTransform):
             )
         first = worker[:, 0] * num_time + time[:, 0]
         if self.start_state == "refreshed" and self._by_sequences:
-            at_first = self._refresh_by_rounds(tensordict, mask, first, num_time)
+            is_init = get_key(tensordict, keys.is_init)
+            check_dtype(keys.is_init, is_init, torch.bool)
+            episode_id = tensordict.get(keys.episode_id, None)
+            if episode_id is not None:
+                check_dtype(keys.episode_id, episode_id, torch.int64)
+                episode_id = unpad_rows(episode_id, dest, real, num_steps)
+            flat_init = unpad_rows(is_init.reshape(*shape, 1), dest, real, num_steps)
+            starts = self._episode_starts(
+                flat_init.view(num_workers, num_time),
+                None if episode_id is None else episode_id.view(num_workers, num_time),
+            )
+            starts_episode = starts.flatten().index_select(0, first)
+            at_first = self._refresh_by_rounds(tensordict, mask, first, num_time, starts_episode)
         else:
             flat_view = TensorDict(
                 {
@@ -261,31 +273,18 @@ class SequenceStartStates(RolloutTransform):
         mask: torch.Tensor,
         first: torch.Tensor,
         num_time: int,
+        starts_episode: torch.Tensor,
     ) -> dict[NestedKey, torch.Tensor]:
         """Refreshed start states ``[N, *S]`` of padded sequences, one round at a time.
 
         Round ``k`` holds the ``k``-th sequence of every episode fragment (in time order):
         all of them run together, each over its real steps only, from its start state: the
-        stored one for a row's first sequence, zero where a sequence starts an episode, else
-        the state after the previous sequence of its row (from the round before). Rounds: the
-        most sequences a fragment holds, at most ``ceil(T / L)``.
+        stored one for a row's first sequence, zero where a sequence starts an episode
+        (``starts_episode``, ``[N]`` bool), else the state after the previous sequence of
+        its row (from the round before). Rounds: the most sequences a fragment holds, at most
+        ``ceil(T / L)``.
         """
         n = mask.shape[0]
-        is_init = get_key(tensordict, self.keys.is_init)
-        check_dtype(self.keys.is_init, is_init, torch.bool)
-        starts_episode = is_init.reshape(n, -1)[:, 0].clone()
-        episode_id = tensordict.get(self.keys.episode_id, None)
-        if episode_id is not None:
-            # a sequence also starts an episode where the step before it, in its worker's
-            # row, is of another episode (is_init may miss a reset)
-            check_dtype(self.keys.episode_id, episode_id, torch.int64)
-            offsets = torch.arange(mask.shape[1], device=first.device)
-            flat = (first.unsqueeze(1) + offsets).flatten()
-            real = mask.flatten()
-            ids = torch.full((int(flat.max()) + 1,), -1, dtype=torch.int64, device=first.device)
-            ids[flat[real]] = episode_id.reshape(-1)[real]
-            previous = ids.index_select(0, (first - 1).clamp(min=0))
-            starts_episode |= (first % num_time > 0) & (previous != ids.index_select(0, first))
         lengths = mask.sum(1)
         order = torch.argsort(first)
         worker_sorted = (first // num_time).index_select(0, order)
@@ -341,6 +340,18 @@ class SequenceStartStates(RolloutTransform):
             keys.append(self.keys.episode_id)  # where episodes start, with is_init
         return keys
 
+    @staticmethod
+    def _episode_starts(is_init: torch.Tensor, episode_id: torch.Tensor | None) -> torch.Tensor:
+        """``[W, T]`` bool: where an episode starts, by ``is_init`` and by a new ``episode_id``.
+
+        A rollout whose ``is_init`` misses a reset still starts each episode from zero.
+        """
+        if episode_id is None:
+            return is_init
+        starts = is_init.clone()
+        starts[:, 1:] |= episode_id[:, 1:] != episode_id[:, :-1]
+        return starts
+
     def _check_state(self, key: NestedKey, value: torch.Tensor, batch: tuple[int, ...]) -> None:
         """A state key's ``[*B, *S]``: the module's float dtype, and ``S`` where it is known."""
         expected = self._state_shapes.get(key)
@@ -381,10 +392,7 @@ class SequenceStartStates(RolloutTransform):
         if episode_id is not None:
             check_shape(keys.episode_id, episode_id, (num_workers, num_time))
             check_dtype(keys.episode_id, episode_id, torch.int64)
-            # an episode starts where is_init says so and where its id changes (a rollout
-            # whose is_init misses a reset still starts each episode from zero)
-            is_init = is_init.clone()
-            is_init[:, 1:] |= episode_id[:, 1:] != episode_id[:, :-1]
+            is_init = self._episode_starts(is_init, episode_id)
             rollout = rollout.copy()
             rollout.set(keys.is_init, is_init.unsqueeze(-1))
         stored: dict[NestedKey, torch.Tensor] = {}
