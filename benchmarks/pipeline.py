@@ -147,8 +147,13 @@ def rppo_stages(td: TensorDictBase, shape: RolloutShape, device: str) -> dict[st
         layout.lengths(), shape.num_minibatches, generator=torch.Generator().manual_seed(0)
     )
     start = mark("plan", start)
-    for index in groups:
-        layout.gather(x, KEYS, index)
+    epoch_bytes = nbytes(x) * layout.flat_index.numel() // x.numel()
+    if epoch_bytes <= SequenceSampler.epoch_gather_bytes:
+        # as the sampler does below its bound: the epoch at once, then a slice per minibatch
+        layout.gather(x, KEYS, torch.cat(groups)).split([len(index) for index in groups])
+    else:
+        for index in groups:
+            layout.gather(x, KEYS, index)
     mark("gather", start)
     return times
 

@@ -23,7 +23,7 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional import pad_rows, sequence_layout
+from rppo_td.functional import layout_from_starts, pad_rows
 
 __all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf"]
 
@@ -94,9 +94,8 @@ class SequenceLayout:
         # renumber row-major: rows reordered or subset after chunking (e.g. sampled from a
         # ReplayBuffer) keep their sequences but no longer count 0, 1, ... in row-major order
         start = torch.ones(shape, dtype=torch.bool, device=sequence_id.device)
-        start[:, 1:] = sequence_id[:, 1:] != sequence_id[:, :-1]
-        sequence_id = (start.flatten().cumsum(0) - 1).view(shape)
-        flat_index, loss_mask = sequence_layout(sequence_id, offset)
+        torch.ne(sequence_id[:, 1:], sequence_id[:, :-1], out=start[:, 1:])
+        flat_index, loss_mask = layout_from_starts(start, offset)
         if pad_to is not None:
             flat_index, loss_mask = _pad_columns(flat_index, loss_mask, pad_to, who)
         return cls(flat_index, loss_mask, shape[1], shape[0])

@@ -4,9 +4,10 @@ Shapes use ``W`` workers, ``T`` time steps, ``N`` sequences and ``Lp`` the padde
 
 Also importable from here, outside ``__all__`` and the documented API: the same computations
 without the entry checks (``check_gae_inputs``, ``gae_unchecked``, ``plan_minibatches``,
-``pad_rows``, ``unpad_rows``, ``chunk_episodes_unchecked``, ``episode_ids_unchecked``), for the
-rppo_td wrappers that check their inputs once at their own entry (re-exported as ``name as
-name``). Other packages import them from ``rppo_td.functional``, never from its modules.
+``pad_rows``, ``unpad_rows``, ``chunk_episodes_unchecked``, ``episode_ids_unchecked``,
+``layout_from_starts``), for the rppo_td wrappers that check their inputs once at their own
+entry (re-exported as ``name as name``). Other packages import them from
+``rppo_td.functional``, never from its modules.
 """
 
 from rppo_td.functional._burn_in import burn_in_lengths, burn_in_window, episode_first_steps
@@ -27,6 +28,7 @@ from rppo_td.functional._sequences import (
 )
 from rppo_td.functional._sequences import chunk_episodes_unchecked as chunk_episodes_unchecked
 from rppo_td.functional._sequences import episode_ids_unchecked as episode_ids_unchecked
+from rppo_td.functional._sequences import layout_from_starts as layout_from_starts
 
 __all__ = [
     "balanced_minibatches",

@@ -206,13 +206,62 @@ def sequence_layout(
         [sequence_id[-1, -1] + 1, sequence_offset.max() + 1, consistent]
     ).tolist()
     if not ok:
-        raise ValueError(
-            "sequence_id and sequence_offset are inconsistent: ids must count 0, 1, ... in "
-            "row-major order, each row starting a new sequence, and offsets must run 0, 1, ... "
-            "within every sequence (was the rollout sliced in time after chunking? run "
-            "SequenceChunker again)"
-        )
-    dest = (sequence_id * padded_length + sequence_offset).flatten()
+        raise ValueError(_INCONSISTENT)
+    return _scatter_layout(
+        sequence_id.flatten(), sequence_offset.flatten(), num_sequences, padded_length
+    )
+
+
+def layout_from_starts(
+    start: torch.Tensor, sequence_offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequence_layout`` of the sequences that begin where ``start`` is True.
+
+    For ``SequenceLayout``, which numbers the sequences itself (row-major, from where the
+    stored ids change), so only the offsets are left to check: 0 at every start and one more
+    than the step before elsewhere. That check, ``N`` and ``Lp`` are read in one device
+    synchronisation.
+
+    Args:
+        start: ``[W, T]`` bool, True at each sequence's first step (column 0 included).
+        sequence_offset: ``[W, T]`` int64, the step's position in its sequence.
+
+    Returns:
+        ``(flat_index, loss_mask)``, each ``[N, Lp]``, as ``sequence_layout``'s.
+
+    Raises:
+        ValueError: offsets that do not run 0, 1, ... from every start (message as
+            ``sequence_layout``'s), or meta tensors.
+    """
+    check_not_meta({"sequence_id": start, "sequence_offset": sequence_offset})
+    flat_start = start.flatten()
+    flat_offset = sequence_offset.flatten()
+    sequence_id = flat_start.cumsum(0).sub_(1)
+    expected = torch.empty_like(flat_offset)
+    torch.add(flat_offset[:-1], 1, out=expected[1:])
+    expected.masked_fill_(flat_start, 0)  # includes step 0, a start
+    ok = (flat_offset == expected).all()
+    num_sequences, padded_length, ok = torch.stack(
+        [sequence_id[-1] + 1, flat_offset.max() + 1, ok.to(torch.int64)]
+    ).tolist()
+    if not ok:
+        raise ValueError(_INCONSISTENT)
+    return _scatter_layout(sequence_id, flat_offset, num_sequences, padded_length)
+
+
+_INCONSISTENT = (
+    "sequence_id and sequence_offset are inconsistent: ids must count 0, 1, ... in "
+    "row-major order, each row starting a new sequence, and offsets must run 0, 1, ... "
+    "within every sequence (was the rollout sliced in time after chunking? run "
+    "SequenceChunker again)"
+)
+
+
+def _scatter_layout(
+    sequence_id: torch.Tensor, sequence_offset: torch.Tensor, num_sequences: int, padded_length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, Lp]`` index map and mask from flat ``[W * T]`` consistent ids and offsets."""
+    dest = sequence_id * padded_length + sequence_offset
     size = num_sequences * padded_length
     device = sequence_id.device
     # dest holds distinct positions: index_copy_ / index_fill_ are plain scatters, cheaper

@@ -64,6 +64,41 @@ def mask_conditions(
     ]
 
 
+def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]:
+    """``td[a:b]`` for consecutive stretches of ``sizes[0], sizes[1], ...`` rows (views).
+
+    A plain ``TensorDict`` of tensors is sliced leaf by leaf, sparing the per-slice work of
+    ``td[a:b]``; other tensordict types and non-tensor leaves take ``td[a:b]``.
+    """
+    leaves = None
+    if type(td) is TensorDict:
+        leaves = list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
+        if any(type(value) is not torch.Tensor for _, value in leaves):
+            leaves = None
+    start = 0
+    for size in sizes:
+        stop = start + size
+        if leaves is None:
+            yield td[start:stop]
+        else:
+            source: dict = {}
+            for key, value in leaves:
+                put_leaf(source, key, value[start:stop])
+            yield TensorDict._new_unsafe(
+                source, batch_size=torch.Size((size, *td.batch_size[1:])), device=td.device
+            )
+        start = stop
+
+
+def leaf_bytes(td: TensorDictBase) -> int:
+    """Bytes of ``td``'s tensor leaves (non-tensor leaves count as none)."""
+    return sum(
+        value.numel() * value.element_size()
+        for _, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
+        if isinstance(value, torch.Tensor)
+    )
+
+
 def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
     """``td[index]`` for ``[B]`` int64 ``index``, its leaves written into ``pool``'s memory.
 
@@ -103,11 +138,23 @@ class SequenceSampler:
     gathered straight from the rollout and no padded copy of the whole rollout is made.
     Both give the same minibatches for the same generator state.
 
-    With ``reuse_memory=True`` (rollout input only) all minibatches of one epoch are written into
-    one buffer sized for the largest: no fresh memory per minibatch, whose first touch costs as
-    much as the gather itself on large rollouts. Each minibatch is then overwritten by the next:
-    use it (forward and backward) or clone it before asking for the next one. A graph that still
+    With ``reuse_memory=True`` (rollout input only, gathered minibatch by minibatch) all
+    minibatches of one epoch are written into one buffer sized for the largest: no fresh memory
+    per minibatch, whose first touch costs as much as the gather itself on large rollouts. Each
+    minibatch is then overwritten by the next: use it (forward and backward) or clone it before
+    asking for the next one. A graph that still
     needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
+
+    **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
+    (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together is
+    gathered at once: one gather per leaf in the epoch's order, each minibatch then a slice of
+    it (a contiguous view whose rows no other minibatch shares). Small epochs cost per
+    operation, not per byte, so this is faster there (the sampler took 1.5x less time on a
+    16 x 256 rollout in ``benchmarks/pipeline.py``); the price is memory: the epoch's
+    minibatches live as long as any of them does. Larger epochs are gathered one minibatch at
+    a time, so that only the minibatch in use is held (and ``reuse_memory`` applies).
+    ``True`` or ``False`` chooses one way whatever the size. The minibatches are the same
+    either way.
 
     **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
 
@@ -147,7 +194,10 @@ class SequenceSampler:
         generator: a ``torch.Generator`` (CPU or the data's device), the source of the order;
             None uses torch's global one.
         balance: ``"steps"`` or ``"sequences"``.
-        reuse_memory: write every minibatch of an epoch into the same buffer (see above).
+        reuse_memory: write every minibatch of an epoch into the same buffer (see above);
+            for epochs gathered minibatch by minibatch.
+        gather_epoch: gather the whole epoch at once (True), minibatch by minibatch
+            (False), or by size (None, the default; see above).
         pad_to: optional fixed ``Lp`` for rollout input, as ``SequencePadder(pad_to=...)``:
             minibatches are ``[B, pad_to]``, the same as sampling
             ``SequencePadder(pad_to=pad_to)``'s output. Padded input must then already be
@@ -167,6 +217,11 @@ class SequenceSampler:
         [((2, 4), 5), ((2, 4), 5)]
     """
 
+    #: With ``gather_epoch=None``: the largest epoch, in bytes of its minibatches together,
+    #: that is gathered at once. Below it per-operation overhead costs more than holding the
+    #: whole epoch (``benchmarks/pipeline.py``).
+    epoch_gather_bytes: int = 64 << 20
+
     def __init__(
         self,
         num_minibatches: int,
@@ -174,6 +229,7 @@ class SequenceSampler:
         generator: torch.Generator | None = None,
         balance: Balance = "steps",
         reuse_memory: bool = False,
+        gather_epoch: bool | None = None,
         pad_to: int | None = None,
         keys: RolloutKeys | None = None,
         rank: int | None = None,
@@ -181,6 +237,8 @@ class SequenceSampler:
     ) -> None:
         check_minibatch_args(num_minibatches, balance, generator)
         check_pad_to(pad_to)
+        if gather_epoch is not None and not isinstance(gather_epoch, bool):
+            raise ValueError(f"gather_epoch must be True, False or None, got {gather_epoch!r}")
         check_shard_args(rank, world_size, "SequenceSampler")
         self.rank = rank
         self.world_size = world_size
@@ -189,6 +247,7 @@ class SequenceSampler:
         self.generator = generator
         self.balance: Balance = balance
         self.reuse_memory = bool(reuse_memory)
+        self.gather_epoch = gather_epoch
         self.keys = keys if keys is not None else DEFAULT_KEYS
         self._pool = OutputPool()
 
@@ -249,11 +308,22 @@ class SequenceSampler:
         check_not_meta({self.keys.loss_mask: mask})
         lengths = mask.sum(-1)
         groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
+        rows = sum(index.numel() for index in groups)
+        if self._at_once(len(groups), leaf_bytes(td) * rows // max(td.batch_size[0], 1)):
+            whole = select_rows(td, _concat(groups), self._pool)
+            return row_slices(whole, [index.numel() for index in groups])
         return (select_rows(td, index, self._pool) for index in groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
         groups = self._groups(layout.lengths())
+        rows = sum(index.numel() for index in groups)
+        positions = rows * layout.flat_index.shape[1]
+        steps = layout.num_workers * layout.time_steps
+        if self._at_once(len(groups), leaf_bytes(td) * positions // steps):
+            # one gather per leaf: stacking the one-number leaves would not pay for itself
+            whole = gather_sequences(layout, td, self.keys, _concat(groups), pool=self._pool)
+            return row_slices(whole, [index.numel() for index in groups])
         # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
         stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
         # the groups are the plan's own: in range, so gather_sequences skips the index check
@@ -268,3 +338,14 @@ class SequenceSampler:
             gather_sequences(layout, td, self.keys, index, out=buffer, stacks=stacks)
             for index in groups
         )
+
+    def _at_once(self, num_groups: int, epoch_bytes: int) -> bool:
+        """Whether this epoch is gathered whole (see ``gather_epoch``)."""
+        if self.gather_epoch is not None:
+            return self.gather_epoch
+        return num_groups > 1 and epoch_bytes <= self.epoch_gather_bytes
+
+
+def _concat(groups: list[torch.Tensor]) -> torch.Tensor:
+    """The epoch's sequence numbers in minibatch order, ``[sum B_i]``."""
+    return groups[0] if len(groups) == 1 else torch.cat(groups)

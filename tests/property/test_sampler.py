@@ -60,29 +60,36 @@ def _chunked_rollouts(draw):
     case=_chunked_rollouts(),
     seed=st.integers(0, 2**31),
     balance=st.sampled_from(["steps", "sequences"]),
+    gather_epoch=st.sampled_from([None, True, False]),
 )
-def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance):
+def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance, gather_epoch):
     chunked, num_minibatches = case
     padded = SequencePadder()(chunked)
     expected = sorted(_starts(padded))
 
-    def epoch(td):
+    def epoch(td, gather=gather_epoch, reuse=False):
         generator = torch.Generator().manual_seed(seed)
-        sampler = SequenceSampler(num_minibatches, generator=generator, balance=balance)
-        return list(sampler(td))
+        sampler = SequenceSampler(
+            num_minibatches,
+            generator=generator,
+            balance=balance,
+            gather_epoch=gather,
+            reuse_memory=reuse,
+        )
+        # reuse_memory may write every minibatch into one buffer: the same values, as long
+        # as each is read (here: cloned) before the next one is asked for
+        return [mb.clone() if reuse else mb for mb in sampler(td)]
 
     from_padded = epoch(padded)
     from_rollout = epoch(chunked)
-    # reuse_memory writes every minibatch into one buffer: the same values, as long as each
-    # is read (here: cloned) before the next one is asked for
-    generator = torch.Generator().manual_seed(seed)
-    reusing = SequenceSampler(
-        num_minibatches, generator=generator, balance=balance, reuse_memory=True
-    )
-    from_buffer = [mb.clone() for mb in reusing(chunked)]
-    for a, b in zip(from_rollout, from_buffer, strict=True):
-        assert a.batch_size == b.batch_size
-        assert (a == b).all()
+    # the epoch gathered at once or minibatch by minibatch, reusing memory or not: the same
+    # minibatches, from either input
+    others = [epoch(chunked, not gather_epoch), epoch(padded, not gather_epoch)]
+    others += [epoch(chunked, gather, reuse=True) for gather in (True, False)]
+    for other in others:
+        for a, b in zip(from_rollout, other, strict=True):
+            assert a.batch_size == b.batch_size
+            assert (a == b).all()
     assert len(from_padded) == len(from_rollout) == num_minibatches
     for minibatches in (from_padded, from_rollout):
         starts = [s for mb in minibatches for s in _starts(mb)]

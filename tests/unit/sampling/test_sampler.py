@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 import pytest
 import torch
@@ -113,8 +114,52 @@ def test_input_checks():
 
 def test_reuse_memory_overwrites_the_previous_minibatch_in_place():
     td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
-    sampler = SequenceSampler(2, generator=torch.Generator().manual_seed(0), reuse_memory=True)
+    sampler = SequenceSampler(
+        2, generator=torch.Generator().manual_seed(0), reuse_memory=True, gather_epoch=False
+    )
     first, second = sampler(td)
     # both minibatches are views of one buffer, so the first now shows the second's rows
     assert first["observation"].data_ptr() == second["observation"].data_ptr()
     assert torch.equal(first["observation"][0], second["observation"][0])
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_an_epoch_gathered_at_once_is_slices_of_one_gather(padded):
+    td = _chunked()
+    td = SequencePadder()(td) if padded else td
+    sampler = SequenceSampler(3, generator=torch.Generator().manual_seed(0), gather_epoch=True)
+    minibatches = list(sampler(td))
+    storages = {mb["observation"].untyped_storage().data_ptr() for mb in minibatches}
+    assert len(storages) == 1
+    # the slices share no row: writing into one leaves the others as they were
+    others = [mb.clone() for mb in minibatches[1:]]
+    minibatches[0]["observation"].fill_(7.0)
+    for mb, before in zip(minibatches[1:], others, strict=True):
+        assert (mb == before).all()
+        assert mb["observation"].is_contiguous()
+    # the next epoch leaves this one's minibatches as they were
+    kept = [mb.clone() for mb in minibatches]
+    list(sampler(td))
+    for mb, before in zip(minibatches, kept, strict=True):
+        assert (mb == before).all()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_gather_epoch_by_size(padded):
+    td = _chunked()
+    td = SequencePadder()(td) if padded else td
+
+    def storages():
+        sampler = SequenceSampler(3, generator=torch.Generator().manual_seed(0))
+        minibatches = list(sampler(td))
+        return {mb["observation"].untyped_storage().data_ptr() for mb in minibatches}
+
+    assert len(storages()) == 1  # a small epoch: gathered at once
+    with mock.patch.object(SequenceSampler, "epoch_gather_bytes", 0):
+        assert len(storages()) == 3  # past the bound: minibatch by minibatch
+
+
+@pytest.mark.parametrize("bad", [1, "yes", 0.0])
+def test_gather_epoch_refuses_non_bools(bad):
+    with pytest.raises(ValueError, match=r"gather_epoch must be True, False or None, got"):
+        SequenceSampler(2, gather_epoch=bad)
