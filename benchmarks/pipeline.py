@@ -74,6 +74,7 @@ from rppo_td import (
     SequencePadder,
     SequenceSampler,
 )
+from rppo_td._buffers import OutputPool
 from rppo_td.functional import balanced_minibatches
 
 KEYS = RolloutKeys()
@@ -122,8 +123,13 @@ def rppo_epoch(
     return Pipeline(shape, padded=padded, reuse=reuse).epoch(td)
 
 
-def rppo_stages(td: TensorDictBase, shape: RolloutShape, device: str) -> dict[str, float]:
-    """The same work as ``rppo_epoch`` through the public pieces, timed stage by stage."""
+def rppo_stages(
+    td: TensorDictBase, shape: RolloutShape, device: str, pool: OutputPool
+) -> dict[str, float]:
+    """The same work as ``rppo_epoch`` through the public pieces, timed stage by stage.
+
+    The gather goes into ``pool``'s memory, as the sampler's does (one pool for all runs).
+    """
     times: dict[str, float] = {}
 
     def mark(name: str, start: float) -> float:
@@ -150,10 +156,11 @@ def rppo_stages(td: TensorDictBase, shape: RolloutShape, device: str) -> dict[st
     epoch_bytes = nbytes(x) * layout.flat_index.numel() // x.numel()
     if epoch_bytes <= SequenceSampler.epoch_gather_bytes:
         # as the sampler does below its bound: the epoch at once, then a slice per minibatch
-        layout.gather(x, KEYS, torch.cat(groups)).split([len(index) for index in groups])
+        whole = layout.gather(x, KEYS, torch.cat(groups), pool=pool)
+        whole.split([len(index) for index in groups])
     else:
         for index in groups:
-            layout.gather(x, KEYS, index)
+            layout.gather(x, KEYS, index, pool=pool)
     mark("gather", start)
     return times
 
@@ -320,7 +327,8 @@ def bench_shape(
             )
         )
 
-    stage_runs = [rppo_stages(td, shape, device) for _ in range(max(repeats, 1))]
+    pool = OutputPool()
+    stage_runs = [rppo_stages(td, shape, device, pool) for _ in range(max(repeats, 1))]
     stages = {
         name: sorted(run[name] for run in stage_runs)[len(stage_runs) // 2] for name in STAGES
     }

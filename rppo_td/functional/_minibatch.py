@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import operator
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -84,40 +86,52 @@ def plan_minibatches(
     perm_device = generator.device if generator is not None else lengths.device
     order = torch.randperm(num_sequences, generator=generator, device=perm_device)
     order = order.to(lengths.device)
-    cuts = _cut_points(lengths[order], count, balance)
-    # the group sizes, the shortest length and the conditions in one read (N >= 1 here)
-    parts = [cuts[1:] - cuts[:-1], lengths.min().view(1).to(cuts.dtype)]
+    # one read: the running step count of the shuffled order (steps only), the shortest
+    # length and the conditions; the M + 1 cuts are then a few host-side searches
+    parts = [lengths.min().view(1).to(torch.int64)]
+    if balance == "steps":
+        parts.append(lengths[order].cumsum(0).to(torch.int64))
     require = list(require)
     if require:
         flags = torch.stack([condition.reshape(()) for condition, _ in require])
-        parts.append(flags.to(cuts.dtype))
+        parts.append(flags.to(torch.int64))
     values = torch.cat(parts).tolist()
-    if values[count] < 0:
-        raise ValueError(f"lengths must be >= 0 (real steps per sequence), got {values[count]}")
-    for (_, message), ok in zip(require, values[count + 1 :], strict=True):
+    if values[0] < 0:
+        raise ValueError(f"lengths must be >= 0 (real steps per sequence), got {values[0]}")
+    flags_at = 1 + (num_sequences if balance == "steps" else 0)
+    for (_, message), ok in zip(require, values[flags_at:], strict=True):
         if not ok:
             raise ValueError(message if isinstance(message, str) else message())
-    return list(order.split(values[:count]))
+    prefix = [0, *values[1:flags_at]] if balance == "steps" else None
+    cuts = _cut_points(prefix, num_sequences, count)
+    return list(order.split([b - a for a, b in itertools.pairwise(cuts)]))
 
 
-def _cut_points(lengths: torch.Tensor, num_minibatches: int, balance: str) -> torch.Tensor:
-    """``[M + 1]`` int64 boundaries ``0 = b_0 < b_1 < ... < b_M = N`` in shuffled order."""
-    num_sequences = lengths.shape[0]
-    device = lengths.device
-    k = torch.arange(num_minibatches + 1, device=device)
-    if balance == "sequences":
-        return torch.div(k * num_sequences, num_minibatches, rounding_mode="floor")
-    prefix = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.float64)
-    target = k.to(torch.float64) * prefix[-1] / num_minibatches
-    above = torch.searchsorted(prefix, target).clamp(1, num_sequences)
-    below = above - 1
-    nearer_below = (target - prefix[below]) < (prefix[above] - target)
-    cut = torch.where(nearer_below, below, above)
-    # strictly increasing with cut[0] = 0 and cut[M] = N, so no group is empty
-    cut = k + (cut - k).cummax(0).values
-    cut = torch.minimum(cut, k + num_sequences - num_minibatches)
+def _cut_points(prefix: list[int] | None, num_sequences: int, num_minibatches: int) -> list[int]:
+    """``M + 1`` boundaries ``0 = b_0 < b_1 < ... < b_M = N`` in the shuffled order.
+
+    ``prefix``: ``[N + 1]`` running real-step counts of the shuffled order (``prefix[0] = 0``)
+    to cut where the count is nearest to ``k * S / M`` (a tie goes to the later cut); None to
+    cut by sequence count, at ``floor(k * N / M)``. Targets are float64, as the counts' own
+    comparisons with them (exact below ``2**53`` steps).
+    """
+    m, n = num_minibatches, num_sequences
+    if prefix is None:
+        return [k * n // m for k in range(m + 1)]
+    total = prefix[-1]
+    cuts = []
+    for k in range(m + 1):
+        target = float(k) * float(total) / m
+        above = min(max(bisect.bisect_left(prefix, target), 1), n)
+        below = above - 1
+        cuts.append(below if target - prefix[below] < prefix[above] - target else above)
+    # strictly increasing with cut[0] = 0 and cut[M] = N, so no group is empty: each cut at
+    # least one past the one before, and leaving one sequence for every group after it
+    for k in range(1, m + 1):
+        cuts[k] = max(cuts[k], cuts[k - 1] + 1)
+    for k in range(m + 1):
+        cuts[k] = min(cuts[k], k + n - m)
     # the ends are fixed: with zero-length sequences last in the order (or no steps at all)
     # the nearest cut to the total can fall short of N
-    cut[0] = 0
-    cut[-1] = num_sequences
-    return cut
+    cuts[0], cuts[-1] = 0, n
+    return cuts

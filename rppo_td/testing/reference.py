@@ -30,6 +30,7 @@ __all__ = [
     "reference_episode_ids",
     "reference_fragments",
     "reference_gae",
+    "reference_minibatch_sizes",
     "reference_monte_carlo_returns",
     "reference_pad",
     "reference_segment_sum",
@@ -274,3 +275,36 @@ def reference_segment_sum(x: list[float], carry_on: list[bool], decay: float) ->
         following = x[t] + (decay * following if carry_on[t] else 0.0)
         y[t] = following
     return y
+
+
+def reference_minibatch_sizes(lengths: list[int], num_minibatches: int) -> list[int]:
+    """Sequences per minibatch when ``lengths`` (in the shuffled order) are cut by real steps.
+
+    Cut ``k`` (of ``0..M``) goes where the running step count is nearest to ``k * S / M``:
+    between the last count below that target and the first count at or above it, the nearer
+    one (a tie: the later). Then every group gets at least one sequence: each cut is moved
+    past the one before it, and before the point where the groups after it would run out.
+    """
+    n, m = len(lengths), num_minibatches
+    counts = [0]
+    for length in lengths:
+        counts.append(counts[-1] + length)
+    cuts = []
+    for k in range(m + 1):
+        target = k * counts[-1] / m
+        first_at_or_above = n
+        for i in range(1, n + 1):
+            if counts[i] >= target:
+                first_at_or_above = i
+                break
+        last_below = first_at_or_above - 1
+        nearer_below = target - counts[last_below] < counts[first_at_or_above] - target
+        cuts.append(last_below if nearer_below else first_at_or_above)
+    for k in range(1, m + 1):
+        if cuts[k] <= cuts[k - 1]:
+            cuts[k] = cuts[k - 1] + 1
+    for k in range(m + 1):
+        if cuts[k] > n - (m - k):
+            cuts[k] = n - (m - k)
+    cuts[0], cuts[m] = 0, n
+    return [cuts[k + 1] - cuts[k] for k in range(m)]

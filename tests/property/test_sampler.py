@@ -29,6 +29,7 @@ from rppo_td import (
     SequenceSampler,
     functional,
 )
+from rppo_td.testing import reference
 from rppo_td.testing.strategies import rollouts, sequence_lengths
 
 
@@ -134,6 +135,22 @@ def test_steps_balance_bound(case, seed):
         targets = torch.arange(1, num_minibatches + 1, dtype=torch.float64) * share
         assert float((prefix - targets).abs().max()) <= longest / 2 + 1e-9
         assert float((steps - share).abs().max()) <= longest
+
+
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=64),
+    data=st.data(),
+    seed=st.integers(0, 2**31),
+)
+def test_steps_cuts_equal_the_reference(lengths, data, seed):
+    # zero-length sequences too: ties and repeated counts, where the cut rules matter most
+    num_minibatches = data.draw(st.integers(1, len(lengths)), label="M")
+    lengths = torch.tensor(lengths)
+    generator = torch.Generator().manual_seed(seed)
+    groups = functional.balanced_minibatches(lengths, num_minibatches, generator=generator)
+    shuffled = lengths[torch.cat(groups)].tolist()
+    expected = reference.reference_minibatch_sizes(shuffled, num_minibatches)
+    assert [len(g) for g in groups] == expected
 
 
 @given(case=_lengths(), seed=st.integers(0, 2**31))
