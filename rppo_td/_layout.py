@@ -65,11 +65,16 @@ class SequenceLayout:
         padded to ``pad_to`` positions, and a longer sequence is a ``ValueError`` naming
         ``pad_to`` and the longest sequence.
 
+        A sequence starts at each worker row's first step and wherever ``sequence_id``
+        changes; the sequences are numbered from there (rows reordered or subset after
+        chunking keep their sequences).
+
         Refused with a ``ValueError`` naming the key (``who`` says whose error it is): padded
         sequences (``loss_mask`` present), a rollout that already holds a key the gather writes
         (``worker_index``, ``time_index``, ``rollout_steps``: it would be overwritten, and
-        dropped by ``SequencePadder.inv``), an empty rollout (no sequence), meta tensors, and
-        ids that ``SequenceChunker`` did not write.
+        dropped by ``SequencePadder.inv``), an empty rollout (no sequence), meta tensors, ids
+        and offsets on two devices, and offsets that do not run 0, 1, ... from each sequence's
+        start (a rollout sliced in time after chunking: the message names the first such step).
         """
         shape = rollout_shape(td, who)
         check_not_padded(td, keys.loss_mask, who)

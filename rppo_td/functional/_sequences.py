@@ -230,9 +230,13 @@ def layout_from_starts(
         ``(flat_index, loss_mask)``, each ``[N, Lp]``, as ``sequence_layout``'s.
 
     Raises:
-        ValueError: offsets that do not run 0, 1, ... from every start (message as
-            ``sequence_layout``'s), or meta tensors.
+        ValueError: offsets that do not run 0, 1, ... from every start (the message names
+            the first such step), tensors on two devices, or meta tensors.
     """
+    if start.device != sequence_offset.device:
+        raise ValueError(
+            f"sequence_offset is on {sequence_offset.device}, but sequence_id is on {start.device}"
+        )
     check_not_meta({"sequence_id": start, "sequence_offset": sequence_offset})
     flat_start = start.flatten()
     flat_offset = sequence_offset.flatten()
@@ -245,7 +249,15 @@ def layout_from_starts(
         [sequence_id[-1] + 1, flat_offset.max() + 1, ok.to(torch.int64)]
     ).tolist()
     if not ok:
-        raise ValueError(_INCONSISTENT)
+        first = int((flat_offset != expected).nonzero()[0, 0])
+        worker, time = divmod(first, start.shape[1])
+        raise ValueError(
+            "sequence_offset must run 0, 1, ... within every sequence (one starts at each "
+            "worker row's first step and wherever sequence_id changes), but at worker "
+            f"{worker}, time {time} it is {int(flat_offset[first])} where "
+            f"{int(expected[first])} was expected (was the rollout sliced in time after "
+            "chunking, or its ids or offsets changed? run SequenceChunker again)"
+        )
     return _scatter_layout(sequence_id, flat_offset, num_sequences, padded_length)
 
 

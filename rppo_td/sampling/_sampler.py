@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
@@ -90,13 +90,19 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
         start = stop
 
 
-def leaf_bytes(td: TensorDictBase) -> int:
-    """Bytes of ``td``'s tensor leaves (non-tensor leaves count as none)."""
-    return sum(
-        value.numel() * value.element_size()
-        for _, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
-        if isinstance(value, torch.Tensor)
-    )
+def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
+    """Bytes of ``td``'s tensor leaves, and whether any of them requires grad."""
+    size, grad = 0, False
+    for _, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+        if isinstance(value, torch.Tensor):
+            size += value.numel() * value.element_size()
+            grad = grad or value.requires_grad
+    return size, grad
+
+
+# bytes per padded position of the keys the rollout gather adds: loss_mask (bool),
+# worker_index, time_index and rollout_steps (int64)
+_ADDED_BYTES = 1 + 3 * 8
 
 
 def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
@@ -146,15 +152,25 @@ class SequenceSampler:
     needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
 
     **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
-    (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together is
-    gathered at once: one gather per leaf in the epoch's order, each minibatch then a slice of
-    it (a contiguous view whose rows no other minibatch shares). Small epochs cost per
-    operation, not per byte, so this is faster there (the sampler took 1.5x less time on a
-    16 x 256 rollout in ``benchmarks/pipeline.py``); the price is memory: the epoch's
-    minibatches live as long as any of them does. Larger epochs are gathered one minibatch at
+    (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together,
+    the keys the gather adds included, is gathered at once: one gather per leaf in the
+    epoch's order, each minibatch then a slice of it (a contiguous view whose rows no other
+    minibatch shares). Small epochs cost per operation, not per byte, so this is faster there
+    (the sampler took 1.5x less time on a 16 x 256 rollout in ``benchmarks/pipeline.py``);
+    the price is memory: the epoch's minibatches live as long as any of them does (and
+    ``torch.save`` of one minibatch writes the whole epoch's storage; save a ``clone()``).
+    Larger epochs, and inputs with a leaf that requires grad (slices of one gather would share
+    one autograd graph, so a backward per minibatch would fail), are gathered one minibatch at
     a time, so that only the minibatch in use is held (and ``reuse_memory`` applies).
-    ``True`` or ``False`` chooses one way whatever the size. The minibatches are the same
-    either way.
+    ``True`` or ``False`` chooses one way whatever the input (with ``True`` and leaves that
+    require grad, sum the minibatches' losses or pass ``retain_graph=True``). The minibatches
+    are the same either way.
+
+    **When the input is read.** The call reads the ids and lengths and plans the epoch (its
+    checks raise there); the data is read as the minibatches are asked for: all of it at the
+    first one when the epoch is gathered at once, minibatch by minibatch otherwise. So
+    changes to the input made before the first minibatch is asked for are seen either way;
+    change it during an epoch and which minibatches see the change depends on the mode.
 
     **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
 
@@ -309,10 +325,10 @@ class SequenceSampler:
         lengths = mask.sum(-1)
         groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
         rows = sum(index.numel() for index in groups)
-        if self._at_once(len(groups), leaf_bytes(td) * rows // max(td.batch_size[0], 1)):
-            whole = select_rows(td, _concat(groups), self._pool)
-            return row_slices(whole, [index.numel() for index in groups])
-        return (select_rows(td, index, self._pool) for index in groups)
+        size, grad = leaf_stats(td)
+        if self._at_once(len(groups), size * rows // max(td.batch_size[0], 1), grad):
+            return _slices_of(lambda: select_rows(td, _concat(groups), self._pool), groups)
+        return _each(lambda index: select_rows(td, index, self._pool), groups)
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
@@ -320,30 +336,53 @@ class SequenceSampler:
         rows = sum(index.numel() for index in groups)
         positions = rows * layout.flat_index.shape[1]
         steps = layout.num_workers * layout.time_steps
-        if self._at_once(len(groups), leaf_bytes(td) * positions // steps):
+        size, grad = leaf_stats(td)
+        epoch_bytes = size * positions // steps + _ADDED_BYTES * positions
+        if self._at_once(len(groups), epoch_bytes, grad):
             # one gather per leaf: stacking the one-number leaves would not pay for itself
-            whole = gather_sequences(layout, td, self.keys, _concat(groups), pool=self._pool)
-            return row_slices(whole, [index.numel() for index in groups])
+            def whole() -> TensorDictBase:
+                return gather_sequences(layout, td, self.keys, _concat(groups), pool=self._pool)
+
+            return _slices_of(whole, groups)
+        return self._minibatches(layout, td, groups)
+
+    def _minibatches(
+        self, layout: SequenceLayout, td: TensorDictBase, groups: list[torch.Tensor]
+    ) -> Iterator[TensorDictBase]:
+        """The rollout's minibatches gathered one by one, as each is asked for."""
         # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
         stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
+        out = None
+        if self.reuse_memory:
+            out = layout.empty_buffer(td, max(index.numel() for index in groups))
         # the groups are the plan's own: in range, so gather_sequences skips the index check
-        if not self.reuse_memory:
-            pool = self._pool
-            return (
-                gather_sequences(layout, td, self.keys, index, pool=pool, stacks=stacks)
-                for index in groups
-            )
-        buffer = layout.empty_buffer(td, max(index.numel() for index in groups))
-        return (
-            gather_sequences(layout, td, self.keys, index, out=buffer, stacks=stacks)
-            for index in groups
-        )
+        for index in groups:
+            if out is None:
+                yield gather_sequences(layout, td, self.keys, index, pool=self._pool, stacks=stacks)
+            else:
+                yield gather_sequences(layout, td, self.keys, index, out=out, stacks=stacks)
 
-    def _at_once(self, num_groups: int, epoch_bytes: int) -> bool:
+    def _at_once(self, num_groups: int, epoch_bytes: int, grad: bool) -> bool:
         """Whether this epoch is gathered whole (see ``gather_epoch``)."""
         if self.gather_epoch is not None:
             return self.gather_epoch
-        return num_groups > 1 and epoch_bytes <= self.epoch_gather_bytes
+        # slices of one gather share its graph: a backward per minibatch would fail
+        return num_groups > 1 and not grad and epoch_bytes <= self.epoch_gather_bytes
+
+
+def _slices_of(
+    gather: Callable[[], TensorDictBase], groups: list[torch.Tensor]
+) -> Iterator[TensorDictBase]:
+    """The epoch gathered at once when its first minibatch is asked for, then sliced."""
+    yield from row_slices(gather(), [index.numel() for index in groups])
+
+
+def _each(
+    gather: Callable[[torch.Tensor], TensorDictBase], groups: list[torch.Tensor]
+) -> Iterator[TensorDictBase]:
+    """Each group's minibatch, gathered as it is asked for."""
+    for index in groups:
+        yield gather(index)
 
 
 def _concat(groups: list[torch.Tensor]) -> torch.Tensor:

@@ -163,3 +163,64 @@ def test_gather_epoch_by_size(padded):
 def test_gather_epoch_refuses_non_bools(bad):
     with pytest.raises(ValueError, match=r"gather_epoch must be True, False or None, got"):
         SequenceSampler(2, gather_epoch=bad)
+
+
+@pytest.mark.parametrize("gather_epoch", [None, True, False])
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_data_is_read_when_the_minibatches_are_asked_for(gather_epoch, padded):
+    td = _chunked()
+    td = SequencePadder()(td) if padded else td
+    sampler = SequenceSampler(
+        3, generator=torch.Generator().manual_seed(0), gather_epoch=gather_epoch
+    )
+    epoch = sampler(td)
+    # changed after the call, before the first minibatch: seen in every mode
+    td["observation"].mul_(0)
+    td["state_value"].fill_(5.0)
+    td["extra"] = torch.ones(td.batch_size)
+    for mb in epoch:
+        assert not mb["observation"].any()
+        assert (mb["state_value"] == 5.0)[mb["loss_mask"]].all()
+        # from a rollout the gather pads with zeros; padded input is indexed as it is
+        expected = torch.ones_like(mb["extra"]) if padded else mb["loss_mask"].float()
+        assert (mb["extra"] == expected).all()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_leaves_that_require_grad_get_a_graph_per_minibatch_by_default(padded):
+    td = _chunked()
+    observation = torch.randn((*td.batch_size, 3), requires_grad=True)
+    td["observation"] = observation
+    if padded:
+        td = SequencePadder()(td.detach())
+        observation = td["observation"].requires_grad_()
+    sampler = SequenceSampler(3, generator=torch.Generator().manual_seed(0))
+    for mb in sampler(td):
+        (mb["observation"] ** 2).sum().backward()  # one backward per minibatch
+    # every real step once, through its own minibatch's graph
+    expected = 2 * observation.detach()
+    if padded:
+        expected = expected * td["loss_mask"].unsqueeze(-1)
+    torch.testing.assert_close(observation.grad, expected)
+
+
+def test_the_epoch_bound_counts_the_keys_the_gather_adds():
+    td = _chunked().select("sequence_id", "sequence_offset")
+    positions = SequencePadder()(td).numel()
+    data = sum(v.numel() * v.element_size() for v in td.values()) * positions // td.numel()
+
+    def storages(bound):
+        with mock.patch.object(SequenceSampler, "epoch_gather_bytes", bound):
+            sampler = SequenceSampler(3, generator=torch.Generator().manual_seed(0))
+            return {mb["loss_mask"].untyped_storage().data_ptr() for mb in sampler(td)}
+
+    added = positions * (1 + 3 * 8)  # loss_mask, worker_index, time_index, rollout_steps
+    assert len(storages(data + added)) == 1
+    assert len(storages(data + added - 1)) == 3
+
+
+def test_ids_and_offsets_on_two_devices_are_refused():
+    td = _chunked()
+    td["sequence_offset"] = td["sequence_offset"].to("meta")
+    with pytest.raises(ValueError, match="sequence_offset is on meta, but sequence_id is on cpu"):
+        list(SequenceSampler(2)(td))

@@ -153,7 +153,10 @@ def test_rollout_sliced_in_time_after_chunking_is_refused():
     td = TensorDict({"x": torch.arange(16.0).view(2, 8, 1), "next": {"done": done}}, [2, 8])
     td = SequenceChunker(sequence_length=3)(EpisodeSplitter()(td))
     assert SequencePadder()(td[:, 4:].clone()).batch_size == torch.Size([4, 3])
-    with pytest.raises(ValueError, match=r"inconsistent.*sliced in time"):
+    # td[:, 2:] starts worker 0 at offset 2 of a sequence, which must start at offset 0
+    with pytest.raises(
+        ValueError, match=r"at worker 0, time 0 it is 2 where 0 was expected.*sliced in time"
+    ):
         SequencePadder()(td[:, 2:].clone())
 
 
