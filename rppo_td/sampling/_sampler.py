@@ -75,19 +75,20 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
         leaves = list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
         if any(type(value) is not torch.Tensor for _, value in leaves):
             leaves = None
-    start = 0
-    for size in sizes:
-        stop = start + size
-        if leaves is None:
-            yield td[start:stop]
-        else:
-            source: dict = {}
-            for key, value in leaves:
-                put_leaf(source, key, value[start:stop])
-            yield TensorDict._new_unsafe(
-                source, batch_size=torch.Size((size, *td.batch_size[1:])), device=td.device
-            )
-        start = stop
+    if leaves is None:
+        start = 0
+        for size in sizes:
+            yield td[start : start + size]
+            start += size
+        return
+    # one split per leaf (views), then one tensordict per minibatch
+    parts = [(key, value.split_with_sizes(sizes)) for key, value in leaves]
+    rest = td.batch_size[1:]
+    for i, size in enumerate(sizes):
+        source: dict = {}
+        for key, pieces in parts:
+            put_leaf(source, key, pieces[i])
+        yield TensorDict._new_unsafe(source, batch_size=torch.Size((size, *rest)), device=td.device)
 
 
 def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
