@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import platform
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -166,10 +167,12 @@ def time_interleaved(
 ) -> dict[str, dict[str, float]]:
     """Times each candidate ``repeats`` times, interleaved, and returns seconds per candidate.
 
-    The garbage collector is run once before and kept off during the repeats (a collection
-    between repeats makes the next call pay for it: glibc hands freed pages back and the next
-    allocation faults them in again). A candidate is a zero-argument callable doing the whole
-    measured work (any per-call setup that should not count must be done beforehand).
+    Each repeat runs the candidates in a new shuffled order (seeded), so that none always runs
+    right after the same other one. The garbage collector is run once before and kept off
+    during the repeats (a collection between repeats makes the next call pay for it: glibc
+    hands freed pages back and the next allocation faults them in again). A candidate is a
+    zero-argument callable doing the whole measured work (any per-call setup that should not
+    count must be done beforehand).
     Returns ``{name: {"median", "min", "repeats"}}``. A candidate whose first call took longer
     than ``max_seconds`` is not repeated (the loop reference at large shapes): its single time
     is reported.
@@ -188,9 +191,15 @@ def time_interleaved(
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
+    # each repeat in its own order: a candidate that always ran right after the same one
+    # would pay, every time, for the caches and freed memory that one leaves behind
+    order = random.Random(0)
+    names = list(candidates)
     try:
         for _ in range(repeats):
-            for name, fn in candidates.items():
+            order.shuffle(names)
+            for name in names:
+                fn = candidates[name]
                 if name in slow:
                     continue
                 synchronize(device)
