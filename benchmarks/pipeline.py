@@ -76,6 +76,7 @@ from rppo_td import (
 )
 from rppo_td._buffers import OutputPool
 from rppo_td.functional import balanced_minibatches
+from rppo_td.sampling._sampler import gathered_bytes
 
 KEYS = RolloutKeys()
 STAGES = ("gae", "episodes", "chunk", "layout", "plan", "gather")
@@ -153,7 +154,7 @@ def rppo_stages(
         layout.lengths(), shape.num_minibatches, generator=torch.Generator().manual_seed(0)
     )
     start = mark("plan", start)
-    epoch_bytes = nbytes(x) * layout.flat_index.numel() // x.numel()
+    epoch_bytes = gathered_bytes(nbytes(x), x.numel(), layout.flat_index.numel())
     if epoch_bytes <= SequenceSampler.epoch_gather_bytes:
         # as the sampler does below its bound: the epoch at once, then a slice per minibatch
         whole = layout.gather(x, KEYS, torch.cat(groups), pool=pool)

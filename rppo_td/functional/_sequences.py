@@ -206,7 +206,12 @@ def sequence_layout(
         [sequence_id[-1, -1] + 1, sequence_offset.max() + 1, consistent]
     ).tolist()
     if not ok:
-        raise ValueError(_INCONSISTENT)
+        raise ValueError(
+            "sequence_id and sequence_offset are inconsistent: ids must count 0, 1, ... in "
+            "row-major order, each row starting a new sequence, and offsets must run 0, 1, ... "
+            "within every sequence (was the rollout sliced in time after chunking? run "
+            "SequenceChunker again)"
+        )
     return _scatter_layout(
         sequence_id.flatten(), sequence_offset.flatten(), num_sequences, padded_length
     )
@@ -259,14 +264,6 @@ def layout_from_starts(
             "chunking, or its ids or offsets changed? run SequenceChunker again)"
         )
     return _scatter_layout(sequence_id, flat_offset, num_sequences, padded_length)
-
-
-_INCONSISTENT = (
-    "sequence_id and sequence_offset are inconsistent: ids must count 0, 1, ... in "
-    "row-major order, each row starting a new sequence, and offsets must run 0, 1, ... "
-    "within every sequence (was the rollout sliced in time after chunking? run "
-    "SequenceChunker again)"
-)
 
 
 def _scatter_layout(

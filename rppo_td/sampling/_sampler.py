@@ -106,6 +106,15 @@ def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
 _ADDED_BYTES = 1 + 3 * 8
 
 
+def gathered_bytes(rollout_bytes: int, steps: int, positions: int) -> int:
+    """Bytes of ``positions`` padded positions gathered from a rollout of ``steps`` steps.
+
+    ``rollout_bytes``: the rollout's tensor leaves (``leaf_stats``); the keys the gather
+    adds are counted too. What ``gather_epoch=None`` compares with ``epoch_gather_bytes``.
+    """
+    return rollout_bytes * positions // steps + _ADDED_BYTES * positions
+
+
 def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
     """``td[index]`` for ``[B]`` int64 ``index``, its leaves written into ``pool``'s memory.
 
@@ -149,8 +158,8 @@ class SequenceSampler:
     minibatches of one epoch are written into one buffer sized for the largest: no fresh memory
     per minibatch, whose first touch costs as much as the gather itself on large rollouts. Each
     minibatch is then overwritten by the next: use it (forward and backward) or clone it before
-    asking for the next one. A graph that still
-    needs an overwritten minibatch fails loudly in ``backward`` (autograd's in-place check).
+    asking for the next one. A graph that still needs an overwritten minibatch fails loudly in
+    ``backward`` (autograd's in-place check).
 
     **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
     (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together,
@@ -338,8 +347,7 @@ class SequenceSampler:
         positions = rows * layout.flat_index.shape[1]
         steps = layout.num_workers * layout.time_steps
         size, grad = leaf_stats(td)
-        epoch_bytes = size * positions // steps + _ADDED_BYTES * positions
-        if self._at_once(len(groups), epoch_bytes, grad):
+        if self._at_once(len(groups), gathered_bytes(size, steps, positions), grad):
             # one gather per leaf: stacking the one-number leaves would not pay for itself
             def whole() -> TensorDictBase:
                 return gather_sequences(layout, td, self.keys, _concat(groups), pool=self._pool)
@@ -356,12 +364,12 @@ class SequenceSampler:
         out = None
         if self.reuse_memory:
             out = layout.empty_buffer(td, max(index.numel() for index in groups))
-        # the groups are the plan's own: in range, so gather_sequences skips the index check
+        # the groups are the plan's own: in range, so gather_sequences skips the index check;
+        # it writes into out when given, else into the pool's memory
         for index in groups:
-            if out is None:
-                yield gather_sequences(layout, td, self.keys, index, pool=self._pool, stacks=stacks)
-            else:
-                yield gather_sequences(layout, td, self.keys, index, out=out, stacks=stacks)
+            yield gather_sequences(
+                layout, td, self.keys, index, out=out, pool=self._pool, stacks=stacks
+            )
 
     def _at_once(self, num_groups: int, epoch_bytes: int, grad: bool) -> bool:
         """Whether this epoch is gathered whole (see ``gather_epoch``)."""

@@ -305,8 +305,9 @@ class SequenceStartStates(RolloutTransform):
         final: dict[NestedKey, torch.Tensor] = {}
         with torch.no_grad():
             for key in self.state_keys:
-                self._check_state(key, get_key(tensordict, key), tuple(mask.shape))
-                stored = get_key(tensordict, key)[:, 0]
+                value = get_key(tensordict, key)
+                self._check_state(key, value, tuple(mask.shape))
+                stored = value[:, 0]
                 start[key] = torch.where(_expand(starts_episode, stored), 0.0, stored).detach()
                 final[key] = torch.zeros_like(start[key])
             for k, index in enumerate(groups):
