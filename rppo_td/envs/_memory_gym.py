@@ -101,6 +101,10 @@ class MemoryGymAdapter(gym.Wrapper):
     every other end stays ``(True, False)``. An env without ``max_steps`` (Mortar Mayhem) has
     no time-outs. Rewards come out as ``float``.
 
+    ``close`` ends pygame (memory-gym's own ``close`` calls ``pygame.quit()``, which would stop
+    every other memory-gym env of the process) only when it closes the process's last open
+    adapter; closing any other one just destroys its debug window.
+
     Example:
         >>> class Float(gym.Env):
         ...     observation_space = gym.spaces.Box(0.0, 1.0, (4, 4, 3), dtype=np.float32)
@@ -118,8 +122,12 @@ class MemoryGymAdapter(gym.Wrapper):
         ((False, False), (False, True))
     """
 
+    #: adapters built and not yet closed in this process (pygame is shared by all of them)
+    _open = 0
+
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
+        self._closed = False
         space = env.observation_space
         if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
             raise ValueError(
@@ -133,6 +141,22 @@ class MemoryGymAdapter(gym.Wrapper):
         self.observation_space = gym.spaces.Box(0, 255, space.shape, dtype=np.uint8)
         self._steps = 0
         self._max_steps: int | None = None
+        MemoryGymAdapter._open += 1
+
+    def close(self) -> None:
+        """Closes this env; pygame ends with the process's last open adapter (see the class)."""
+        if self._closed:
+            return
+        self._closed = True
+        MemoryGymAdapter._open -= 1
+        if MemoryGymAdapter._open <= 0:
+            MemoryGymAdapter._open = 0
+            self.env.close()
+            return
+        # what memory-gym's close does apart from pygame.quit()
+        window = getattr(self.env.unwrapped, "debug_window", None)
+        if window is not None:
+            window.destroy()
 
     def _image(self, obs: Any) -> np.ndarray:
         if self._from_float:

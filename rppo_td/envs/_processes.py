@@ -270,6 +270,7 @@ class _ShardMaker:
         self.errors = errors
 
     def __call__(self) -> Any:
+        from torchrl.data import Unbounded
         from torchrl.envs import GymWrapper
 
         if mp.parent_process() is not None:
@@ -279,4 +280,9 @@ class _ShardMaker:
         name = resolve_env_id(self.name)
         fns = [_Maker(name, self.kwargs) for _ in range(self.num_envs)]
         env = _ShardVectorEnv(fns, env_id=name, errors=self.errors)
-        return GymWrapper(env, categorical_action_encoding=True, device="cpu")
+        wrapped = GymWrapper(env, categorical_action_encoding=True, device="cpu")
+        # rewards cross to the parent as the envs returned them (float64), as in-process; the
+        # wrapper's float32 would round them (a PocMemory return of -3.08 read -3.0800000459)
+        spec = wrapped.reward_spec
+        wrapped.reward_spec = Unbounded(shape=spec.shape, dtype=torch.float64, device=spec.device)
+        return wrapped

@@ -13,7 +13,7 @@ from torch import nn
 from rppo_td.modules._encoders import ObservationEncoder
 from rppo_td.modules._heads import make_action_head
 from rppo_td.modules._normalizer import ObservationNormalizer
-from rppo_td.modules._spaces import observation_leaves
+from rppo_td.modules._spaces import IMAGE_LAYOUTS, ImageLayout, observation_leaves
 
 __all__ = ["RecurrentActorCritic", "Recurrence"]
 
@@ -47,10 +47,18 @@ class _Trunk(nn.Module):
     """Encoder then LSTM/GRU (or nothing): obs ``[N, L]`` -> features ``[N, L, H]``."""
 
     def __init__(
-        self, leaves, recurrence: str, hidden_size: int, num_layers: int, forget_bias: float = 0.0
+        self,
+        leaves,
+        recurrence: str,
+        hidden_size: int,
+        num_layers: int,
+        forget_bias: float = 0.0,
+        image_layout: ImageLayout = "auto",
     ) -> None:
         super().__init__()
-        self.encoder = ObservationEncoder(leaves, hidden_size=hidden_size)
+        self.encoder = ObservationEncoder(
+            leaves, hidden_size=hidden_size, image_layout=image_layout
+        )
         self.core: nn.Module | None = None
         if recurrence == "lstm":
             self.core = nn.LSTM(hidden_size, hidden_size, num_layers, batch_first=True)
@@ -207,6 +215,9 @@ class RecurrentActorCritic(nn.Module):
             its own, so value-loss gradients never move the policy's features.
         normalize_observations: standardise float vector leaves with running statistics
             (``ObservationNormalizer``; updated by the trainer between rollouts).
+        image_layout: how uint8 image leaves are read: ``"auto"`` from the shape (the end
+            that is 1, 3 or 4 is the channel axis; a shape where both are, such as
+            ``[3, 4, 4]``, is refused by name), or ``"channels_first"`` / ``"channels_last"``.
 
     Example:
         >>> from tensordict import TensorDict
@@ -232,10 +243,15 @@ class RecurrentActorCritic(nn.Module):
         forget_bias: float = 0.0,
         shared_critic: bool = False,
         normalize_observations: bool = True,
+        image_layout: ImageLayout = "auto",
     ) -> None:
         super().__init__()
         if recurrence not in ("lstm", "gru", "none"):
             raise ValueError(f"recurrence must be 'lstm', 'gru' or 'none', got {recurrence!r}")
+        if image_layout not in IMAGE_LAYOUTS:
+            raise ValueError(
+                f"image_layout must be one of {list(IMAGE_LAYOUTS)}, got {image_layout!r}"
+            )
         if not math.isfinite(forget_bias):
             raise ValueError(f"forget_bias must be a finite number, got {forget_bias!r}")
         if forget_bias and recurrence != "lstm":
@@ -257,7 +273,7 @@ class RecurrentActorCritic(nn.Module):
         self.action_space = action_space
         self.leaves = observation_leaves(observation_space)
         self.normalizer = ObservationNormalizer(self.leaves) if normalize_observations else None
-        trunk_args = (self.leaves, recurrence, hidden_size, num_layers, forget_bias)
+        trunk_args = (self.leaves, recurrence, hidden_size, num_layers, forget_bias, image_layout)
         self.actor_trunk = _Trunk(*trunk_args)
         self.critic_trunk = None if shared_critic else _Trunk(*trunk_args)
         self.action_head = make_action_head(action_space, hidden_size)

@@ -7,10 +7,10 @@ import math
 import gymnasium as gym
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from torch import nn
 
-from rppo_td.modules._spaces import ObservationLeaf, is_image
+from rppo_td.modules._spaces import ImageLayout, ObservationLeaf, image_channels_last, is_image
 
 __all__ = ["ObservationEncoder"]
 
@@ -18,20 +18,21 @@ __all__ = ["ObservationEncoder"]
 class _ImageEncoder(nn.Module):
     """CNN: uint8 ``[*B, H, W, C]``, ``[*B, C, H, W]`` or ``[*B, H, W]`` -> ``[*B, F]`` float.
 
-    Pixels are divided by 255.
+    Pixels are divided by 255. ``channels_last`` says which end of a 3-D image is the
+    channel axis (``image_channels_last``).
 
     Images of at least 36 x 36 (Memory Gym's and Atari's 84 x 84) go through the Nature-DQN
     stack (32 8x8/4, 64 4x4/2, 64 3x3/1), as the seed design's agent does; smaller ones
     through two 3x3/2 layers (16 and 32 channels).
     """
 
-    def __init__(self, space: gym.spaces.Box, out_features: int) -> None:
+    def __init__(self, space: gym.spaces.Box, out_features: int, *, channels_last: bool) -> None:
         super().__init__()
         shape = space.shape
         self.grayscale = len(shape) == 2
         if self.grayscale:  # [H, W]: one channel, added in forward
             shape = (*shape, 1)
-        self.channels_last = shape[-1] in (1, 3, 4)
+        self.channels_last = channels_last
         c, h, w = (shape[2], shape[0], shape[1]) if self.channels_last else shape
         layers: list[nn.Module]
         if min(h, w) >= 36:
@@ -93,12 +94,15 @@ class _Flatten(nn.Module):
         return x.float().flatten(start_dim=x.ndim - self.ndim)
 
 
-def _leaf_encoder(space: gym.Space, image_features: int) -> tuple[nn.Module, int]:
+def _leaf_encoder(
+    key: NestedKey, space: gym.Space, image_features: int, image_layout: ImageLayout
+) -> tuple[nn.Module, int]:
     shape = tuple(space.shape or ())
     if int(np.prod(shape)) == 0:
         raise ValueError(f"observation leaf {space} has no entries (shape {shape})")
     if isinstance(space, gym.spaces.Box) and is_image(space):
-        return _ImageEncoder(space, image_features), image_features
+        last = image_channels_last(shape, image_layout, key)
+        return _ImageEncoder(space, image_features, channels_last=last), image_features
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start):
         raise ValueError(
             f"observation space {space} does not start at 0, so its one-hot encoding "
@@ -121,9 +125,9 @@ class ObservationEncoder(nn.Module):
     """Encodes every observation leaf, concatenates, and applies an MLP.
 
     Vectors (``Box``, ``MultiBinary``) are flattened, images (uint8 ``Box`` ``HxWxC`` or
-    ``CxHxW``) go through a small CNN, ``Discrete``/``MultiDiscrete`` become one-hot; the
-    pieces of a ``Tuple``/``Dict`` space are concatenated. An MLP of ``num_layers`` layers of
-    ``hidden_size`` units (ReLU) follows.
+    ``CxHxW``, see ``image_layout``) go through a small CNN, ``Discrete``/``MultiDiscrete``
+    become one-hot; the pieces of a ``Tuple``/``Dict`` space are concatenated. An MLP of
+    ``num_layers`` layers of ``hidden_size`` units (ReLU) follows.
 
     Input: a tensordict holding each leaf key with batch ``[*B]``. Output: ``[*B, hidden_size]``.
 
@@ -131,6 +135,9 @@ class ObservationEncoder(nn.Module):
         leaves: from ``observation_leaves``.
         hidden_size: width of the MLP and of each CNN's output.
         num_layers: MLP layers (>= 1).
+        image_layout: ``"auto"`` reads a 3-D image's channel axis from its shape, and refuses
+            a shape whose both ends could be it (``[3, 4, 4]``); ``"channels_first"`` or
+            ``"channels_last"`` says which (``image_channels_last``).
 
     Example:
         >>> from tensordict import TensorDict
@@ -140,7 +147,14 @@ class ObservationEncoder(nn.Module):
         torch.Size([4, 5, 8])
     """
 
-    def __init__(self, leaves: list[ObservationLeaf], *, hidden_size: int, num_layers: int = 1):
+    def __init__(
+        self,
+        leaves: list[ObservationLeaf],
+        *,
+        hidden_size: int,
+        num_layers: int = 1,
+        image_layout: ImageLayout = "auto",
+    ):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
@@ -148,8 +162,8 @@ class ObservationEncoder(nn.Module):
             raise ValueError("the observation space has no leaves (an empty Dict or Tuple)")
         self.keys = [key for key, _ in leaves]
         encoders, width = [], 0
-        for _, space in leaves:
-            module, size = _leaf_encoder(space, hidden_size)
+        for key, space in leaves:
+            module, size = _leaf_encoder(key, space, hidden_size, image_layout)
             encoders.append(module)
             width += size
         self.leaf_encoders = nn.ModuleList(encoders)

@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import NestedKey, TensorDict
 
-__all__ = ["ObservationLeaf", "is_image", "observation_leaves", "observation_to_tensordict"]
+__all__ = [
+    "ImageLayout",
+    "ObservationLeaf",
+    "image_channels_last",
+    "is_image",
+    "observation_leaves",
+    "observation_to_tensordict",
+]
 
 OBSERVATION_KEY = "observation"
 
 ObservationLeaf = tuple[NestedKey, gym.Space]
+#: how a ``[H, W, C]`` / ``[C, H, W]`` image is read: from its shape, or as given
+ImageLayout = Literal["auto", "channels_first", "channels_last"]
+IMAGE_LAYOUTS = ("auto", "channels_first", "channels_last")
+_CHANNELS = (1, 3, 4)
 _LEAF_SPACES = (
     gym.spaces.Box,
     gym.spaces.Discrete,
@@ -79,7 +90,48 @@ def is_image(space: gym.Space) -> bool:
         return True
     if len(space.shape) != 3:
         return False
-    return space.shape[-1] in (1, 3, 4) or space.shape[0] in (1, 3, 4)
+    return space.shape[-1] in _CHANNELS or space.shape[0] in _CHANNELS
+
+
+def image_channels_last(shape: tuple[int, ...], layout: ImageLayout, key: NestedKey) -> bool:
+    """Whether an image of ``shape`` (``is_image``) is ``[H, W, C]`` (True) or ``[C, H, W]``.
+
+    ``[H, W]`` (grayscale) reads as one channel last. With ``layout="auto"`` the end that is
+    1, 3 or 4 is the channel axis; a shape where both ends are (``[3, 4, 4]``: a 4x4 RGB
+    image channels first, or a 3x4 one with 4 channels last) is refused by name rather than
+    guessed, and ``layout`` must then say which. A layout whose channel axis is not 1, 3 or 4
+    is refused too.
+
+    Raises:
+        ValueError: an ambiguous shape under ``"auto"``, an unknown ``layout``, or a channel
+            axis of another size.
+
+    Example:
+        >>> image_channels_last((84, 84, 3), "auto", "observation")
+        True
+        >>> image_channels_last((3, 4, 4), "channels_first", "observation")
+        False
+    """
+    if layout not in IMAGE_LAYOUTS:
+        raise ValueError(f"image_layout must be one of {list(IMAGE_LAYOUTS)}, got {layout!r}")
+    if len(shape) == 2:
+        return True
+    first, last = shape[0] in _CHANNELS, shape[-1] in _CHANNELS
+    if layout == "auto":
+        if first and last:
+            raise ValueError(
+                f"observation {key!r}: the uint8 image shape {tuple(shape)} reads either way, "
+                f"[C, H, W] with C = {shape[0]} or [H, W, C] with C = {shape[-1]}; set "
+                "image_layout='channels_first' or 'channels_last' (rppo-train --image-layout)"
+            )
+        return last
+    channels = shape[-1] if layout == "channels_last" else shape[0]
+    if channels not in _CHANNELS:
+        raise ValueError(
+            f"observation {key!r}: image_layout={layout!r} reads the uint8 image shape "
+            f"{tuple(shape)} with C = {channels}, but images have 1, 3 or 4 channels"
+        )
+    return layout == "channels_last"
 
 
 def _check_pixels(space: gym.Space, key: NestedKey) -> None:

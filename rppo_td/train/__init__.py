@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -17,7 +16,7 @@ from rppo_td.train._config import TrainConfig
 from rppo_td.train._evaluate import evaluate_agent
 from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
-from rppo_td.train._outputs import SUMMARY_KEYS
+from rppo_td.train._outputs import SUMMARY_KEYS, json_text
 
 __all__ = [
     "cli",
@@ -96,7 +95,7 @@ def _main(argv: list[str] | None) -> int:
     if summary is None:
         return 130
     if trainer.ranks.main:
-        print(json.dumps({k: summary[k] for k in SUMMARY_KEYS}, indent=2))  # noqa: T201
+        print(json_text({k: summary[k] for k in SUMMARY_KEYS}))  # noqa: T201
     return 0
 
 

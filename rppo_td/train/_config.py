@@ -160,6 +160,11 @@ class TrainConfig:
     normalize_observations: bool = _doc(
         "standardise vector observations (running stats)", default=True
     )
+    image_layout: Literal["auto", "channels_first", "channels_last"] = _doc(
+        "channel axis of uint8 image observations: auto reads it from the shape (the end "
+        "that is 1, 3 or 4) and refuses a shape where both ends are, such as [3, 4, 4]",
+        default="auto",
+    )
     normalizer_steps: int = _doc(
         "env steps during which the observation statistics are updated, then frozen "
         "(0: all run long); frozen stats keep a solved policy's inputs from drifting as "

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to
 from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._cli import ShortErrorParser
 from rppo_td.train._config import TrainConfig
+from rppo_td.train._outputs import json_text
 from rppo_td.train._setup import build_agent
 from rppo_td.train._video import (
     GIF_FPS_WHY,
@@ -364,5 +364,5 @@ def main(argv: list[str] | None = None) -> int:
         fps=counters["env_steps"] / max(counters["wall_time_s"], 1e-9),
         **video,
     )
-    print(json.dumps(result, indent=2))  # noqa: T201 (the command's output)
+    print(json_text(result))  # noqa: T201 (the command's output)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ __all__ = [
     "METRIC_FIELDS",
     "MetricsLog",
     "fcntl_available",
+    "json_text",
     "lock_run_directory",
     "plot_learning_curve",
     "prepare_run_directory",
@@ -294,8 +296,37 @@ def plot_learning_curve(directory: Path, *, title: str = "") -> Path | None:
     return out
 
 
+def json_text(data: Any) -> str:
+    """``data`` as indented, strict JSON, with ``null`` for each NaN or infinite float.
+
+    ``eval_return_mean`` of a run with ``eval_episodes=0`` is NaN; Python's ``json`` would
+    write it as ``NaN``, which strict JSON parsers refuse.
+
+    Example:
+        >>> print(json_text({"a": float("nan"), "b": [1.5, float("inf")]}))
+        {
+          "a": null,
+          "b": [
+            1.5,
+            null
+          ]
+        }
+    """
+    return json.dumps(_finite(data), indent=2, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Writes ``data`` as indented JSON via a temporary file and ``os.replace``."""
+    """Writes ``data`` as ``json_text`` via a temporary file and ``os.replace``."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json_text(data) + "\n")
     os.replace(tmp, path)

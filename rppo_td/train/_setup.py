@@ -37,6 +37,7 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
         forget_bias=config.forget_bias,
         shared_critic=config.shared_critic,
         normalize_observations=config.normalize_observations,
+        image_layout=config.image_layout,
     )
 
 

@@ -67,13 +67,13 @@ def check_video_path(path: str | os.PathLike[str]) -> Path:
     """
     out = Path(path)
     suffix = out.suffix.lower()
+    if out.is_dir():
+        raise ValueError(f"--video {str(path)!r} is a directory; give a file name")
     if suffix not in VIDEO_SUFFIXES:
         raise ValueError(
             f"--video {str(path)!r}: the suffix must be .gif or .mp4 (it chooses the format), "
             f"got {out.suffix or 'none'!r}"
         )
-    if out.is_dir():
-        raise ValueError(f"--video {str(path)!r} is a directory; give a file name")
     existing = out.absolute().parent
     while not existing.exists():
         existing = existing.parent

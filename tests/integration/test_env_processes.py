@@ -56,6 +56,26 @@ def test_two_processes_give_the_in_process_rollout():
         torch.testing.assert_close(outside.get(key), inside.get(key), rtol=0, atol=0, msg=str(key))
 
 
+def test_rewards_cross_the_processes_unrounded():
+    """PocMemory's -0.1 a step is not a float32: rewards reach the parent as the envs returned
+    them (float64), so episode returns logged from them match an in-process run exactly."""
+    import numpy as np
+
+    inside = make_vector_env("rppo_td/PocMemory-v0", 4)
+    outside = make_vector_env("rppo_td/PocMemory-v0", 4, processes=2)
+    try:
+        inside.reset(seed=0)
+        outside.reset(seed=0)
+        actions = np.random.default_rng(0).integers(0, 2, (40, 4))
+        for action in actions:
+            mine, theirs = inside.step(action), outside.step(action)
+            assert theirs[1].dtype == np.float64 and np.array_equal(theirs[1], mine[1])
+            assert np.array_equal(theirs[2], mine[2]) and np.array_equal(theirs[3], mine[3])
+    finally:
+        outside.close()
+        inside.close()
+
+
 @pytest.mark.parametrize(
     ("settings", "words"),
     [

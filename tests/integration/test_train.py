@@ -111,6 +111,22 @@ def _rows(directory) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def test_a_run_without_evaluation_writes_strict_json(tmp_path, capsys):
+    """No evaluation leaves eval_return_mean NaN: summary.json and the printed summary hold
+    null there, which strict parsers read (Python's json would write NaN)."""
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    out = tmp_path / "noeval"
+    assert main(["--preset", "smoke", "--eval-episodes", "0", "--output", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=refuse)
+    for data in (printed, summary):
+        assert data["eval_return_mean"] is None and data["eval_return_std"] is None
+        assert data["env_steps"] == 512
+
+
 def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     out = tmp_path / "smoke"
     assert main(["--preset", "smoke", "--output", str(out)]) == 0

@@ -216,6 +216,29 @@ def test_two_envs_in_one_process_render_their_own_frames():
         assert np.array_equal(mine, alone.step(action)[0]) and not np.array_equal(mine, other)
 
 
+def test_closing_one_env_leaves_the_others_running_and_the_last_ends_pygame(monkeypatch):
+    """memory-gym's close calls pygame.quit(), which would stop every env of the process: an
+    eval env closed beside a training vector env must not break it."""
+    import pygame
+
+    from rppo_td.envs._memory_gym import MemoryGymAdapter
+
+    monkeypatch.setattr(MemoryGymAdapter, "_open", 0)  # envs other tests left open
+    envs = make_vector_env("rppo_td/MysteryPath-Grid-v0", 2)
+    envs.reset(seed=0)
+    other = make_env("rppo_td/MysteryPath-Grid-v0")
+    other.reset(seed=5)
+    other.close()
+    other.close()  # a second close changes nothing
+    obs = envs.step(np.array([0, 1]))[0]
+    assert obs.shape == (2, 84, 84, 3) and pygame.get_init()
+    envs.close()
+    assert not pygame.get_init() and MemoryGymAdapter._open == 0
+    again = make_env("rppo_td/MysteryPath-Grid-v0")  # a new env starts pygame again
+    assert again.reset(seed=1)[0].shape == (84, 84, 3)
+    again.close()
+
+
 # ---- presets and a short training run ------------------------------------------------------------
 PRESETS = {
     "mortar-mayhem": "rppo_td/MortarMayhem-v0",

@@ -290,15 +290,21 @@ def test_policy_equals_actor_then_critic(shared):
 def test_large_images_take_the_nature_cnn_either_channel_order():
     from rppo_td.modules._encoders import _ImageEncoder
 
-    last = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8), 32)
-    first = _ImageEncoder(gym.spaces.Box(0, 255, (3, 84, 84), dtype=np.uint8), 32)
+    last = _ImageEncoder(
+        gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8), 32, channels_last=True
+    )
+    first = _ImageEncoder(
+        gym.spaces.Box(0, 255, (3, 84, 84), dtype=np.uint8), 32, channels_last=False
+    )
     first.load_state_dict(last.state_dict())  # the same layers, whichever order
     assert last.conv[0].kernel_size == (8, 8) and last.conv[0].stride == (4, 4)
     image = torch.randint(0, 256, (2, 5, 84, 84, 3), dtype=torch.uint8)
     out = last(image)
     assert out.shape == (2, 5, 32)
     torch.testing.assert_close(first(image.permute(0, 1, 4, 2, 3)), out)
-    small = _ImageEncoder(gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), 32)
+    small = _ImageEncoder(
+        gym.spaces.Box(0, 255, (12, 12, 3), dtype=np.uint8), 32, channels_last=True
+    )
     assert small.conv[0].kernel_size == (3, 3)
 
 
@@ -307,8 +313,8 @@ def test_grayscale_images_are_one_channel_images_and_other_pixel_boxes_are_refus
     3+ dims are refused by name rather than fed to an MLP as raw 0-255 values."""
     from rppo_td.modules._encoders import _ImageEncoder
 
-    gray = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84), dtype=np.uint8), 16)
-    one = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84, 1), dtype=np.uint8), 16)
+    gray = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84), dtype=np.uint8), 16, channels_last=True)
+    one = _ImageEncoder(gym.spaces.Box(0, 255, (84, 84, 1), dtype=np.uint8), 16, channels_last=True)
     one.load_state_dict(gray.state_dict())
     image = torch.randint(0, 256, (3, 2, 84, 84), dtype=torch.uint8)
     torch.testing.assert_close(gray(image), one(image.unsqueeze(-1)))
@@ -319,6 +325,61 @@ def test_grayscale_images_are_one_channel_images_and_other_pixel_boxes_are_refus
             observation_leaves(space)
     # a uint8 vector stays a vector
     assert observation_leaves(gym.spaces.Box(0, 1, (5,), dtype=np.uint8))
+
+
+@given(
+    channels=st.sampled_from([1, 3, 4]),
+    height=st.integers(1, 9),
+    width=st.integers(1, 9),
+    first=st.booleans(),
+    layout=st.sampled_from(["auto", "given"]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=60, deadline=None)
+def test_images_are_read_along_their_channel_axis_or_refused_when_it_is_ambiguous(
+    channels, height, width, first, layout, seed
+):
+    """An image's features do not depend on its layout: ``[C, H, W]`` and ``[H, W, C]`` with
+    the same pixels give the same output. Under ``"auto"`` a shape whose two ends could both
+    be channels (``[3, 4, 4]``) is refused, naming ``image_layout``, never guessed."""
+    from rppo_td.modules._encoders import ObservationEncoder
+
+    hwc = (height, width, channels)
+    shape = (channels, height, width) if first else hwc
+    given = "channels_first" if first else "channels_last"
+    ambiguous = shape[0] in (1, 3, 4) and shape[-1] in (1, 3, 4)
+    space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
+    if layout == "auto" and ambiguous:
+        with pytest.raises(ValueError, match=r"'observation'.*reads either way.*image_layout"):
+            ObservationEncoder(observation_leaves(space), hidden_size=8)
+        return
+    torch.manual_seed(seed)
+    enc = ObservationEncoder(
+        observation_leaves(space), hidden_size=8, image_layout=layout if layout == "auto" else given
+    )
+    # the reference: the same weights on the [H, W, C] reading of the same pixels
+    ref = ObservationEncoder(
+        observation_leaves(gym.spaces.Box(0, 255, hwc, dtype=np.uint8)),
+        hidden_size=8,
+        image_layout="channels_last",
+    )
+    ref.load_state_dict(enc.state_dict())
+    pixels = torch.randint(
+        0, 256, (2, *hwc), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
+    image = pixels.permute(0, 3, 1, 2) if first else pixels
+    out = enc(TensorDict({"observation": image}, batch_size=[2]))
+    torch.testing.assert_close(out, ref(TensorDict({"observation": pixels}, batch_size=[2])))
+
+
+def test_a_given_image_layout_is_checked():
+    from rppo_td.modules._encoders import ObservationEncoder
+
+    space = gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"image_layout='channels_first'.*C = 84.*1, 3 or 4"):
+        ObservationEncoder(observation_leaves(space), hidden_size=8, image_layout="channels_first")
+    with pytest.raises(ValueError, match=r"image_layout must be one of.*got 'nchw'"):
+        RecurrentActorCritic(BOX, ACTIONS["discrete"], hidden_size=8, image_layout="nchw")
 
 
 @given(head_layers=st.integers(0, 3), seed=st.integers(0, 2**16))

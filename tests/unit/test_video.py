@@ -161,6 +161,7 @@ def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeyp
     assert "suffix must be .gif or .mp4" in refused("--video", str(tmp_path / "x"))
     (tmp_path / "folder.gif").mkdir()
     assert "is a directory" in refused("--video", str(tmp_path / "folder.gif"))
+    assert "is a directory" in refused("--video", str(tmp_path))  # no suffix: a directory first
     (tmp_path / "file").write_text("")
     assert "not a writable directory" in refused("--video", str(tmp_path / "file" / "x.gif"))
     assert "--video-episodes needs --video PATH" in refused("--video-episodes", "2")
