@@ -1,4 +1,4 @@
-"""Values from a (possibly recurrent) value network, shared by the GAE transform and estimator.
+"""Values and episode ends, shared by the GAE transform and estimator.
 
 ``network_values`` runs a TensorDict value network on a ``[*B, T]`` rollout and on its
 ``"next"`` sub-tensordict and returns ``(V(o_t), V(o_{t+1}))`` without writing anything into
@@ -6,6 +6,7 @@ the rollout. TorchRL's ``LSTMModule`` / ``GRUModule`` are evaluated correctly in
 outside recurrent mode every step runs from the state stored with it; inside
 ``set_recurrent_mode(True)`` each row runs as a sequence split where ``is_init`` is True, and
 ``"next"`` is split at the root's ``is_init`` too, so it never runs across a reset.
+``episode_ends`` adds to ``done`` the ends that only ``is_init`` marks.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from tensordict import NestedKey, TensorDictBase
 from torch import nn
 from torchrl.modules import GRUModule, LSTMModule
 
-from rppo_td._validation import get_key
+from rppo_td._validation import check_dtype, get_key
 
-__all__ = ["network_values"]
+__all__ = ["episode_ends", "network_values"]
 
 
 def network_values(
@@ -127,3 +128,37 @@ def _parameters(
     if params is None:
         return contextlib.nullcontext()
     return params.to_module(network, preserve_module_state=False)  # type: ignore[return-value]
+
+
+def episode_ends(
+    done: torch.Tensor,
+    tensordict: TensorDictBase,
+    is_init_key: NestedKey,
+    time_dim: int,
+) -> torch.Tensor:
+    """``done`` ``[*B, T, 1]``, also True before each step that ``is_init`` marks as a start.
+
+    A collector that resets its envs at each batch (TorchRL's ``reset_at_each_iter``) starts
+    new episodes that ``is_init`` marks without a ``done`` on the step before. Where the
+    rollout has ``is_init``, GAE cuts there as ``EpisodeSplitter`` does; ``terminated`` is
+    False on that step, so the cut bootstraps from ``("next", "state_value")``, as a
+    truncation does. Without ``is_init`` in the rollout, ``done`` is returned as it is.
+
+    Raises:
+        ValueError: ``is_init`` of another shape than ``done``, or not bool (naming the key).
+    """
+    is_init = tensordict.get(is_init_key, None)
+    if is_init is None:
+        return done
+    is_init = get_key(tensordict, is_init_key)
+    check_dtype(is_init_key, is_init, torch.bool)
+    if is_init.shape != done.shape:
+        raise ValueError(
+            f"{is_init_key!r} must have the shape of done, {list(done.shape)}, "
+            f"got {list(is_init.shape)}"
+        )
+    ends = done.clone()
+    steps = done.shape[time_dim]
+    if steps > 1:
+        ends.narrow(time_dim, 0, steps - 1).logical_or_(is_init.narrow(time_dim, 1, steps - 1))
+    return ends

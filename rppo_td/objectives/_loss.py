@@ -239,7 +239,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             The loss itself.
         """
         if value_type not in (None, ValueEstimators.GAE, GAEEstimator):
-            return super().make_value_estimator(value_type, **hyperparams)
+            # TorchRL's PPOLoss returns None from this branch: the loss itself, as documented
+            super().make_value_estimator(value_type, **hyperparams)
+            return self
         hyperparams = {"gamma": 0.99, "lmbda": 0.95, **hyperparams}
         hyperparams.setdefault("value_network", self.critic_network)
         hyperparams.pop("device", None)
@@ -294,6 +296,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 target_params=self.target_critic_network_params,
             )
             advantage = get_key(tensordict, keys.advantage)
+        _check_advantage(keys.advantage, advantage, tensordict.batch_size)
         mask = self._mask(tensordict)
         group, world_size = resolve_group(self.process_group)
         count = mask.sum()
@@ -315,6 +318,14 @@ class RecurrentPPOLoss(ClipPPOLoss):
         log_weight, dist, kl_approx, log_is_weight = self._log_weight(
             tensordict, adv_shape=advantage.shape[:-1]
         )
+        if isinstance(log_weight, torch.Tensor) and log_weight.shape != advantage.shape:
+            # e.g. a stored [B, Lp, 1] log-prob: it would broadcast against the advantage
+            raise ValueError(
+                f"the log-ratios of {keys.sample_log_prob!r} have shape {list(log_weight.shape)} "
+                f"where {keys.advantage!r}'s {list(advantage.shape)} was expected: "
+                f"{keys.sample_log_prob!r} must hold one log-probability per step, "
+                f"{list(advantage.shape[:-1])}, got {_shape_of(tensordict, keys.sample_log_prob)}"
+            )
         # a zero log-ratio on padding: exp() of garbage can overflow, and inf * 0 is NaN
         log_weight = _where(mask, log_weight, 0.0)
         behaviour = log_weight  # log(pi / pi_behaviour), what the surrogate is weighted by
@@ -332,11 +343,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
         }
         if self.entropy_bonus:
             entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
-            if is_tensor_collection(entropy):
-                entropy = sum(entropy.values(True, True))
-            entropy = _where(mask, entropy, 0.0)
+            if is_tensor_collection(entropy):  # one entropy per action head, zeroed on padding
+                heads = entropy.apply(lambda x: _where(mask, x, 0.0))
+                entropy = sum(heads.values(True, True))
+                # entropy_coeff={head: coeff} weighs each head (TorchRL's map mode)
+                weighted = heads if self._entropy_coeff_map is not None else entropy
+            else:
+                entropy = weighted = _where(mask, entropy, 0.0)
             sums["entropy"] = entropy
-            losses["loss_entropy"] = self._weighted_loss_entropy(entropy)
+            losses["loss_entropy"] = self._weighted_loss_entropy(weighted)
         critic: _CriticParts | None = None
         if self._has_critic:
             losses["loss_critic"], critic = self._critic_loss(tensordict)
@@ -434,6 +449,25 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 f"{key!r} must have the batch shape {list(batch)}, got {list(mask.shape)}"
             )
         return mask
+
+
+def _check_advantage(key: NestedKey, advantage: torch.Tensor, batch: torch.Size) -> None:
+    """Refuses an advantage that is not ``[*batch, 1]``.
+
+    Another shape would broadcast against the ``[*batch, 1]`` log-ratios into a wrong loss
+    (an ``[B, Lp]`` advantage with ``B == Lp`` or ``B == 1``).
+    """
+    shape = tuple(advantage.shape)
+    if len(shape) <= len(batch) or shape[: len(batch)] != tuple(batch) or shape[-1] != 1:
+        raise ValueError(
+            f"{key!r} must have shape [*batch, 1] = {[*batch, 1]} (one value per step), "
+            f"got {list(shape)}"
+        )
+
+
+def _shape_of(tensordict: TensorDictBase, key: NestedKey) -> Any:
+    value = tensordict.get(key, None)
+    return list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _where(mask: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:

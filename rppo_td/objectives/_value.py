@@ -17,7 +17,7 @@ from rppo_td._validation import (
     check_value_network,
     get_key,
 )
-from rppo_td._values import network_values
+from rppo_td._values import episode_ends, network_values
 from rppo_td.functional import generalized_advantage_estimate
 
 __all__ = ["GAEEstimator"]
@@ -40,6 +40,9 @@ class GAEEstimator(ValueEstimatorBase):
 
     It bootstraps from ``("next", "state_value")`` where a step is truncated and at the
     rollout's last step, never where it is terminated, and never sums across an episode end.
+    Where the rollout has ``is_init``, a step it marks as an episode's first ends the episode
+    before it, as in ``EpisodeSplitter``, even without a ``done`` there (a collector that
+    resets at each batch); that cut bootstraps, as a truncation does.
 
     Batch ``[W, T] -> [W, T]`` (any ``[*B, T]``, time last unless ``time_dim`` says otherwise);
     writes ``advantage`` and ``value_target`` (``[W, T, 1]``, detached) in place and returns the
@@ -202,7 +205,8 @@ class GAEEstimator(ValueEstimatorBase):
             value,
             next_value,
             terminated,
-            done,
+            # an episode that is_init starts without a done before it ends there too
+            episode_ends(done, tensordict, keys.is_init, dim),
             gamma=self.gamma,
             lmbda=self.lmbda,
             time_dim=dim,

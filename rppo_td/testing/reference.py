@@ -205,10 +205,12 @@ def reference_gae(
         next_value = 0 if terminated[t] else next_state_value[t]
         delta      = reward[t] + gamma * next_value - state_value[t]
         A[t]       = delta                                  if done[t] or t == T-1
+                                                            or is_init[t + 1]
                    = delta + gamma * lmbda * A[t + 1]       otherwise
 
     so a truncated step (and the rollout's last step) bootstraps from ``next_state_value`` and a
-    terminated one does not; no sum crosses an episode end.
+    terminated one does not; no sum crosses an episode end, whether ``done`` or (when the
+    rollout has it) ``is_init`` marks it, as in ``reference_episode_ids``.
 
     Returns:
         ``(advantage, value_target)``, each ``[W, T, 1]`` float64.
@@ -219,13 +221,16 @@ def reference_gae(
     next_value = rollout.get(keys.next_state_value).reshape(num_workers, num_steps).tolist()
     terminated = _flag_rows(rollout, keys.terminated)
     done = reference_done(rollout, keys)
+    has_init = rollout.get(keys.is_init, None) is not None
+    is_init = _flag_rows(rollout, keys.is_init) if has_init else None
     advantage = torch.zeros(num_workers, num_steps, 1, dtype=torch.float64)
     for w in range(num_workers):
         following = 0.0
         for t in reversed(range(num_steps)):
             bootstrap = 0.0 if terminated[w][t] else next_value[w][t]
             delta = reward[w][t] + gamma * bootstrap - value[w][t]
-            if done[w][t] or t == num_steps - 1:
+            last = t == num_steps - 1
+            if done[w][t] or last or (is_init is not None and is_init[w][t + 1]):
                 following = delta
             else:
                 following = delta + gamma * lmbda * following

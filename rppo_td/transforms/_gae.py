@@ -16,7 +16,7 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td._values import network_values
+from rppo_td._values import episode_ends, network_values
 from rppo_td.functional import check_gae_inputs, gae_unchecked
 from rppo_td.transforms._base import RolloutTransform
 
@@ -36,8 +36,12 @@ class GAE(RolloutTransform):
     ``terminated | truncated``. With a ``done`` key, ``terminated`` must imply it, and when
     ``truncated`` is present too ``done`` must equal ``terminated | truncated`` (checked in
     the one device synchronisation of the entry checks; ``EpisodeSplitter`` checks the same,
-    so both see the same episode ends). ``advantage`` and ``value_target`` never carry gradients,
-    even if the values do. A ``[W, 0]`` or ``[0, T]`` rollout gets empty keys.
+    so both see the same episode ends). Where the rollout has ``is_init``, a step it marks as an
+    episode's first also ends the episode before it, as in ``EpisodeSplitter``, even without a
+    ``done`` there (a collector that resets at each batch): that cut bootstraps from
+    ``("next", "state_value")``, as a truncation does. ``advantage`` and ``value_target``
+    never carry gradients, even if the values do. A ``[W, 0]`` or ``[0, T]`` rollout gets empty
+    keys.
 
     Refused with a ``ValueError`` or ``KeyError`` naming the key: padded sequences (a
     ``loss_mask`` is present: GAE over ``[N, Lp]`` would cut at every sequence end and depend
@@ -131,8 +135,10 @@ class GAE(RolloutTransform):
             lmbda=self.lmbda,
             truncated=None if truncated is None else (keys.truncated, truncated),
         )
+        # an episode that is_init starts without a done before it ends there too
+        ends = episode_ends(done, tensordict, keys.is_init, tensordict.batch_dims - 1)
         advantage, target = gae_unchecked(
-            reward, value, next_value, terminated, done, gamma=self.gamma, lmbda=self.lmbda
+            reward, value, next_value, terminated, ends, gamma=self.gamma, lmbda=self.lmbda
         )
         tensordict.set(keys.advantage, advantage)
         tensordict.set(keys.value_target, target)

@@ -243,6 +243,89 @@ def test_refusals():
         _loss(agent)(_padded(agent).exclude("value_target"))
 
 
+def test_advantage_and_log_prob_shapes_that_would_broadcast_are_refused():
+    """A [B, Lp] advantage (or a [B, Lp, 1] log-prob) broadcasts against the [B, Lp, 1]
+    log-ratios into a [B, Lp, Lp] loss when B == Lp or B == 1: refused by name, not computed."""
+    agent = make_agent("lstm")
+    loss = _loss(agent)
+    for rows in (1, 4):  # one sequence; as many sequences as positions (Lp = 4)
+        batch = _padded(agent)[:rows]
+        assert batch.batch_size[1] == 4
+        bad = batch.clone().set("advantage", batch["advantage"].squeeze(-1))
+        with pytest.raises(ValueError, match=r"'advantage' must have shape \[\*batch, 1\]"):
+            loss(bad)
+        bad = batch.clone().set("action_log_prob", batch["action_log_prob"].unsqueeze(-1))
+        with pytest.raises(ValueError, match=r"'action_log_prob' must hold one log-prob.*got \["):
+            loss(bad)
+        loss(batch)  # the right shapes still pass
+
+
+def test_make_value_estimator_returns_the_loss_for_every_estimator():
+    from torchrl.objectives.utils import ValueEstimators
+
+    agent = make_agent("lstm")
+    loss = _loss(agent)
+    for kind in (None, ValueEstimators.GAE, ValueEstimators.TD0, ValueEstimators.TDLambda):
+        assert loss.make_value_estimator(kind, gamma=0.9) is loss
+
+
+def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
+    """entropy_coeff={head: coeff} (TorchRL's map for composite actions) weighs each head's
+    entropy, over the real steps only: the padded loss equals ClipPPOLoss on the real steps."""
+    from tensordict.nn import (
+        CompositeDistribution,
+        TensorDictModule,
+        TensorDictSequential,
+        set_composite_lp_aggregate,
+    )
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    with set_composite_lp_aggregate(False):
+        split = TensorDictModule(
+            lambda x: (x[..., :2], x[..., 2:]),
+            ["features"],
+            [("params", "a1", "logits"), ("params", "a2", "logits")],
+        )
+        actor = ProbabilisticActor(
+            TensorDictSequential(
+                TensorDictModule(torch.nn.Linear(3, 5), ["observation"], ["features"]), split
+            ),
+            in_keys=["params"],
+            distribution_class=CompositeDistribution,
+            distribution_kwargs={
+                "distribution_map": {
+                    "a1": torch.distributions.Categorical,
+                    "a2": torch.distributions.Categorical,
+                }
+            },
+            return_log_prob=True,
+            out_keys=["a1", "a2"],
+        )
+        critic = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+        mask = torch.tensor([[True, True, True, False, False], [True] * 5])
+        td = TensorDict(
+            {
+                "observation": torch.randn(2, 5, 3),
+                "advantage": torch.randn(2, 5, 1),
+                "value_target": torch.randn(2, 5, 1),
+                "loss_mask": mask,
+            },
+            [2, 5],
+        )
+        with torch.no_grad():
+            td = actor(td)
+        coeff = {"a1_entropy": 0.1, "a2_entropy": 0.0}
+        ours = RecurrentPPOLoss(actor, critic, entropy_coeff=coeff)(td)["loss_entropy"]
+        real = td[mask].exclude("loss_mask")  # the 8 real steps, batch [8]
+        theirs = ClipPPOLoss(actor, critic, entropy_coeff=coeff)(real)["loss_entropy"]
+        torch.testing.assert_close(ours, theirs)
+        scalar = RecurrentPPOLoss(actor, critic, entropy_coeff=0.1)(td)["loss_entropy"]
+        torch.testing.assert_close(
+            scalar, ClipPPOLoss(actor, critic, entropy_coeff=0.1)(real)["loss_entropy"]
+        )
+
+
 def test_entropy_is_the_mean_over_real_steps():
     agent = make_agent("lstm")
     batch = _padded(agent)

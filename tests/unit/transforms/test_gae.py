@@ -54,6 +54,41 @@ def test_golden_through_the_transform_without_done_key():
     )
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_an_episode_start_that_only_is_init_marks_ends_the_sum_as_a_truncation(seed):
+    """A collector that resets at each batch starts episodes that is_init marks without a done
+    before them. GAE (the transform and the estimator) cuts there, as EpisodeSplitter does,
+    and bootstraps: the same advantages as with the step before flagged truncated."""
+    from rppo_td import EpisodeSplitter
+
+    td = small_rollout(num_workers=3, num_steps=9, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    unflagged = torch.rand(3, 9, 1, generator=g) < 0.3
+    unflagged[:, 0] = False
+    td["is_init"] = td["is_init"] | unflagged
+    td["next", "done"] = td["next", "terminated"] | td["next", "truncated"]
+    flagged = td.clone()
+    cut = torch.zeros_like(unflagged)
+    cut[:, :-1] = unflagged[:, 1:]
+    flagged["next", "truncated"] = flagged["next", "truncated"] | cut
+    flagged["next", "done"] = flagged["next", "done"] | cut
+    expected = GAE(gamma=0.9, lmbda=0.8)(flagged)["advantage"]
+    reference, _ = reference_gae(td, 0.9, 0.8)
+    for out in (
+        GAE(gamma=0.9, lmbda=0.8)(td.clone()),
+        GAEEstimator(gamma=0.9, lmbda=0.8, value_network=None)(td.clone()),
+    ):
+        torch.testing.assert_close(out["advantage"], expected)
+        torch.testing.assert_close(out["advantage"].double(), reference)
+    # no sum crosses one of the splitter's episode starts
+    episode = EpisodeSplitter()(td.clone())["episode_id"]
+    starts = torch.ones_like(unflagged.squeeze(-1))
+    starts[:, 1:] = episode[:, 1:] != episode[:, :-1]
+    assert torch.equal(
+        starts[:, 1:], (td["is_init"] | torch.roll(td["next", "done"], 1, 1)).squeeze(-1)[:, 1:]
+    )
+
+
 def test_done_key_is_read_when_present():
     golden = GAE(gamma=0.5, lmbda=0.5)(_golden_rollout())
     # without a truncated key, done alone says where the sums stop: row 1's cut at t=1
