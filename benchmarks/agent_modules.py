@@ -308,6 +308,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats, B=32 only")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--output", default=None, help="JSON name (default agent_modules, agent_modules_quick)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"load average before: {os.getloadavg()}")
@@ -395,7 +398,7 @@ def main() -> None:
     print(f"\nverdict: {verdict}")
 
     path = write_json(
-        "agent_modules",
+        args.output or ("agent_modules_quick" if args.quick else "agent_modules"),
         {
             "quick": args.quick,
             "sizes": {

@@ -16,7 +16,7 @@ repeats it). `--report` turns the JSON into the "Memory suite" section of `docs/
     python benchmarks/memory_suite.py --tasks poc-memory cartpole-novel --seeds 0 1 2
     python benchmarks/memory_suite.py --ablation poc-memory --seeds 0 1 2 --jobs 2
     python benchmarks/memory_suite.py --report
-    python benchmarks/memory_suite.py --quick --output test   # one short run, for CI
+    python benchmarks/memory_suite.py --quick   # one short run, for CI (memory_suite_quick.json)
 
 Wall-clock figures depend on what else runs on the machine; the load average is recorded with
 each run. Nothing here fails on a target: the script reports (exit status 1 only if a run
@@ -438,7 +438,12 @@ def plot_curves(suite: Suite) -> list[str]:
 
     names = []
     for task in TASKS.values():
-        results = [r for r in suite.runs.values() if r["task"] == task.name and is_default(r)]
+        # the preset's runs of the current agent, as the task table counts them
+        results = [
+            r
+            for r in suite.runs.values()
+            if r["task"] == task.name and is_default(r) and current(r)
+        ]
         if not results:
             continue
         grid = np.linspace(0, max(r["env_steps"] for r in results), 100)
@@ -536,7 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rerun", action="store_true", help="rerun runs already recorded")
     parser.add_argument("--report", action="store_true", help="write docs/results.md")
     parser.add_argument("--quick", action="store_true", help="one short run (CI)")
-    parser.add_argument("--output", default="memory_suite", help="results/<output>.json")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="results/<output>.json (default memory_suite, memory_suite_quick with --quick, so "
+        "that a quick run never lands in the published results)",
+    )
     parser.add_argument(
         "--import-run",
         nargs=3,
@@ -546,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         help="record a finished run directory of TASK's preset (e.g. a long run made apart)",
     )
     args = parser.parse_args(argv)
-    suite = Suite.load(RESULTS / f"{args.output}.json")
+    output = args.output or ("memory_suite_quick" if args.quick else "memory_suite")
+    suite = Suite.load(RESULTS / f"{output}.json")
     if args.quick:
         flags = (
             ("start-state", "refreshed"),

@@ -387,11 +387,22 @@ def main() -> None:
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-mode", default="lazy", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as err:
+        parser.error(f"--device {args.device!r}: {err}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device!r}: this torch sees no CUDA device")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     shapes = QUICK_SHAPES if args.quick else PIPELINE_SHAPES
     if args.shape is not None:
+        every = shapes
         shapes = tuple(s for s in shapes if args.shape in s.name)
+        if not shapes and args.memory_child is None:
+            names = ", ".join(repr(s.name) for s in every)
+            mode = "--quick shapes" if args.quick else "shapes"
+            parser.error(f"--shape {args.shape!r} matches none of the {mode}: {names}")
 
     if args.memory_child is not None:
         shape = next(s for s in (*PIPELINE_SHAPES, *QUICK_SHAPES) if s.name == args.memory_child)

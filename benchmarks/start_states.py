@@ -53,7 +53,9 @@ def collect(workers: int, steps: int, hidden: int) -> tuple[RecurrentActorCritic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", default="start_states")
+    parser.add_argument(
+        "--output", default=None, help="JSON name (default start_states, start_states_quick)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     workers, steps, length, epochs = (4, 16, 8, 2) if args.quick else (16, 32, 16, 10)
@@ -117,7 +119,7 @@ def main() -> None:
     )
     print(f"fast path {ratio:.1f}x faster than the step-mode reference")
     path = write_json(
-        args.output,
+        args.output or ("start_states_quick" if args.quick else "start_states"),
         {
             "shape": {
                 "workers": workers,
