@@ -231,9 +231,11 @@ def _status_kib(field: str) -> int:
 def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float | None]:
     """Runs one path once and returns its extra bytes at peak (in this fresh process)."""
     td = make_rollout(shape, device=device)
-    # warm up on a tiny rollout: lazy imports, allocator arenas and kernel caches are not
-    # the pipeline's memory
-    rppo_epoch(make_rollout(QUICK_SHAPES[0], device=device), QUICK_SHAPES[0], padded=True)
+    # warm up every path on a tiny rollout: lazy imports, allocator arenas and kernel caches
+    # are not the pipeline's memory (and no path is measured colder than another)
+    tiny = make_rollout(QUICK_SHAPES[0], device=device)
+    for padded, reuse in ((False, False), (False, True), (True, False)):
+        rppo_epoch(tiny, QUICK_SHAPES[0], padded=padded, reuse=reuse)
     gc.collect()
 
     def run() -> None:
