@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import dispatch
-from torchrl.modules import set_recurrent_mode
+from torchrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
@@ -199,6 +199,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
         self.normalize_advantage_eps = float(normalize_advantage_eps)
         self.process_group = process_group
+        # the networks' TorchRL LSTMModule / GRUModule, found at the first call
+        self._recurrent: tuple[tuple[str, Any], ...] | None = None
 
     # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
     @property
@@ -281,6 +283,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             return self._masked_forward(tensordict)
 
     def _masked_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self._check_recurrent_inputs(tensordict)
         tensordict = tensordict.clone(False)  # the estimator and actors write into it
         keys = self.tensor_keys
         advantage = tensordict.get(keys.advantage, None)
@@ -373,6 +376,46 @@ class RecurrentPPOLoss(ClipPPOLoss):
         td_out = TensorDict({**out, **stats}, batch_size=[])
         self._clear_weakrefs(tensordict, td_out, *_PARAMS)
         return td_out
+
+    def _check_recurrent_inputs(self, tensordict: TensorDictBase) -> None:
+        """Refuses by name the inputs TorchRL's ``LSTMModule`` / ``GRUModule`` would fail on.
+
+        Each sequence runs from the state stored at its position 0, split at ``is_init``: a
+        missing state or ``is_init``, or a state of another dtype than the module's weights,
+        would otherwise surface as TorchRL's or oneDNN's own error.
+        """
+        if self._recurrent is None:  # found once: walking the networks costs 60 us a call
+            self._recurrent = tuple(
+                (role, module)
+                for role, network in (
+                    ("actor", self.actor_network),
+                    ("critic", self.critic_network),
+                )
+                if network is not None
+                for module in network.modules()
+                if isinstance(module, LSTMModule | GRUModule)
+            )
+        for role, module in self._recurrent:
+            core = module.lstm if isinstance(module, LSTMModule) else module.gru
+            # a tensor whether the loss holds the parameters or the module does
+            weight = core.weight_ih_l0
+            *states, is_init = module.in_keys[1:]
+            for key in (*states, is_init):
+                if tensordict.get(key, None) is None:
+                    what = "is_init" if key == is_init else "recurrent state"
+                    raise KeyError(
+                        f"RecurrentPPOLoss: the {role}'s {type(module).__name__} reads "
+                        f"{key!r} (its {what}, at each sequence's first position), which "
+                        "the minibatch lacks"
+                    )
+            for key in states:
+                state = get_key(tensordict, key)
+                if state.dtype != weight.dtype:
+                    raise ValueError(
+                        f"RecurrentPPOLoss: {key!r} is {state.dtype}, but the {role}'s "
+                        f"{type(module).__name__} has {weight.dtype} weights; store the "
+                        f"recurrent state as {weight.dtype}"
+                    )
 
     def loss_critic(
         self, tensordict: TensorDictBase

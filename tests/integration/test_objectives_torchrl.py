@@ -121,3 +121,24 @@ def test_the_loss_on_the_whole_rollout_computes_advantages(collected):
     (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]).backward()
     lstm = critic[0]
     assert all(p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in lstm.parameters())
+
+
+def test_missing_or_mistyped_recurrent_inputs_are_refused_by_name(collected):
+    """What TorchRL's LSTMModule would fail on with its own or oneDNN's words (a None state,
+    an unsupported dtype) is refused naming the key, the network and the module."""
+    actor, critic, rollout = collected
+    loss = RecurrentPPOLoss(actor, critic)
+    rollout = loss.value_estimator(rollout.clone())
+    padded = rppo_td.SequencePadder()(
+        rppo_td.SequenceChunker(sequence_length=L)(rppo_td.EpisodeSplitter()(rollout))
+    )
+    loss(padded)  # the whole set passes
+    for key, words in (
+        ("recurrent_state_h", r"actor's LSTMModule reads 'recurrent_state_h' \(its recurrent"),
+        ("is_init", r"actor's LSTMModule reads 'is_init' \(its is_init"),
+    ):
+        with pytest.raises(KeyError, match=words):
+            loss(padded.exclude(key))
+    bad = padded.clone().set("recurrent_state_c", padded["recurrent_state_c"].double())
+    with pytest.raises(ValueError, match=r"'recurrent_state_c' is torch.float64, but the actor's"):
+        loss(bad)
