@@ -13,7 +13,7 @@ from torch import nn
 from rppo_td.modules._encoders import ObservationEncoder
 from rppo_td.modules._heads import make_action_head
 from rppo_td.modules._normalizer import ObservationNormalizer
-from rppo_td.modules._spaces import IMAGE_LAYOUTS, ImageLayout, observation_leaves
+from rppo_td.modules._spaces import ImageLayout, check_image_layout, observation_leaves
 
 __all__ = ["RecurrentActorCritic", "Recurrence"]
 
@@ -248,10 +248,7 @@ class RecurrentActorCritic(nn.Module):
         super().__init__()
         if recurrence not in ("lstm", "gru", "none"):
             raise ValueError(f"recurrence must be 'lstm', 'gru' or 'none', got {recurrence!r}")
-        if image_layout not in IMAGE_LAYOUTS:
-            raise ValueError(
-                f"image_layout must be one of {list(IMAGE_LAYOUTS)}, got {image_layout!r}"
-            )
+        check_image_layout(image_layout)
         if not math.isfinite(forget_bias):
             raise ValueError(f"forget_bias must be a finite number, got {forget_bias!r}")
         if forget_bias and recurrence != "lstm":

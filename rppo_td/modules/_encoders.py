@@ -10,7 +10,13 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import nn
 
-from rppo_td.modules._spaces import ImageLayout, ObservationLeaf, image_channels_last, is_image
+from rppo_td.modules._spaces import (
+    ImageLayout,
+    ObservationLeaf,
+    check_image_layout,
+    image_channels_last,
+    is_image,
+)
 
 __all__ = ["ObservationEncoder"]
 
@@ -160,6 +166,7 @@ class ObservationEncoder(nn.Module):
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
         if not leaves:
             raise ValueError("the observation space has no leaves (an empty Dict or Tuple)")
+        check_image_layout(image_layout)  # before any leaf: vector spaces are checked too
         self.keys = [key for key, _ in leaves]
         encoders, width = [], 0
         for key, space in leaves:

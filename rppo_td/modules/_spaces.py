@@ -12,6 +12,7 @@ from tensordict import NestedKey, TensorDict
 __all__ = [
     "ImageLayout",
     "ObservationLeaf",
+    "check_image_layout",
     "image_channels_last",
     "is_image",
     "observation_leaves",
@@ -93,6 +94,12 @@ def is_image(space: gym.Space) -> bool:
     return space.shape[-1] in _CHANNELS or space.shape[0] in _CHANNELS
 
 
+def check_image_layout(layout: object) -> None:
+    """Raises a ``ValueError`` unless ``layout`` is one of ``IMAGE_LAYOUTS``."""
+    if layout not in IMAGE_LAYOUTS:
+        raise ValueError(f"image_layout must be one of {list(IMAGE_LAYOUTS)}, got {layout!r}")
+
+
 def image_channels_last(shape: tuple[int, ...], layout: ImageLayout, key: NestedKey) -> bool:
     """Whether an image of ``shape`` (``is_image``) is ``[H, W, C]`` (True) or ``[C, H, W]``.
 
@@ -112,8 +119,7 @@ def image_channels_last(shape: tuple[int, ...], layout: ImageLayout, key: Nested
         >>> image_channels_last((3, 4, 4), "channels_first", "observation")
         False
     """
-    if layout not in IMAGE_LAYOUTS:
-        raise ValueError(f"image_layout must be one of {list(IMAGE_LAYOUTS)}, got {layout!r}")
+    check_image_layout(layout)
     if len(shape) == 2:
         return True
     first, last = shape[0] in _CHANNELS, shape[-1] in _CHANNELS
