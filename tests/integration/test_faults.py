@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 import pickle
 import random
@@ -119,8 +120,10 @@ def _rows(out: Path) -> list[dict[str, str]]:
     path = out / "metrics.csv"
     if not path.exists():
         return []
-    with path.open(newline="") as f:
-        return [row for row in csv.DictReader(f) if row.get("loss_total")]
+    # one read, then parse: a DictReader over the open file could read an empty header line
+    # and then rows the trainer appended in between (fieldnames None)
+    text = path.read_text()
+    return [row for row in csv.DictReader(io.StringIO(text, newline="")) if row.get("loss_total")]
 
 
 def _wait(condition, proc: subprocess.Popen[str], what: str, timeout: float = 120.0) -> None:
