@@ -178,6 +178,13 @@ class TrainConfig:
         "GAE lambda (TorchRL's name; formerly gae_lambda)", default=0.8, low=0.0, high=1.0
     )
     epochs: int = _doc("PPO epochs per update", default=10, low=1, high=100_000)
+    target_kl: float = _doc(
+        "stop an update after the first epoch whose mean approximate KL (kl_approx, the "
+        "policy's change since collection) exceeds this; 0: every update runs all epochs",
+        default=0.0,
+        low=0.0,
+        high=1e6,
+    )
     num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
     learning_rate: float = _doc("Adam learning rate", default=1e-3, low=0.0, high=1.0)
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)

@@ -303,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"frames per second of the video (default: the env's render_fps, else 30; a GIF "
         f"at most {GIF_MAX_FPS})",
     )
+    parser.add_argument(
+        "--image-layout",
+        choices=("channels_first", "channels_last"),
+        help="channel axis of uint8 image observations, in place of the checkpoint's "
+        "image_layout: for a checkpoint of an image shape that reads either way, such as "
+        "[3, 4, 4], saved before the setting existed (it was then read as channels-last)",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.episodes <= MAX_EPISODES:
         parser.error(
@@ -332,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         data = load_checkpoint(args.checkpoint)
         where = f"the config in the checkpoint {args.checkpoint!r}"
         config = TrainConfig.from_dict(data["config"], where=where)
+        if args.image_layout is not None:
+            config = config.replace(image_layout=args.image_layout)
         torch.set_num_threads(max(1, config.threads))
         agent = build_agent(config)
         try:

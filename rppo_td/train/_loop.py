@@ -212,6 +212,7 @@ class Trainer:
                 reward_scale=config.reward_scale,
                 start_state=config.start_state,
                 burn_in=config.burn_in,
+                target_kl=config.target_kl,
             ),
         )
         self.counters: dict[str, Any] = {

@@ -54,6 +54,7 @@ METRIC_FIELDS = (
     "grad_norm",
     "learning_rate",
     "clip_epsilon",
+    "epochs",
 )
 
 # the fields summary.json, rppo-train's final output and rppo-eval's output have in common
@@ -139,13 +140,20 @@ class MetricsLog:
 
 
 def _truncate_rows(path: Path, last_update: int) -> None:
-    """Rewrites ``metrics.csv`` (atomically) with the rows of updates ``<= last_update``."""
+    """Rewrites ``metrics.csv`` (atomically) with the rows of updates ``<= last_update``.
+
+    A file of an earlier version's columns is rewritten under today's header too (a column
+    it lacks is left empty in its rows), so that the rows a resumed run appends line up.
+    """
     with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        header = tuple(reader.fieldnames or ())
     kept = [r for r in rows if r.get("update", "").isdigit() and int(r["update"]) <= last_update]
-    if len(kept) == len(rows):
+    if len(kept) == len(rows) and header == METRIC_FIELDS:
         return
-    log.info("metrics.csv: dropping %d rows logged after the checkpoint", len(rows) - len(kept))
+    if len(kept) < len(rows):
+        log.info("metrics.csv: dropping %d rows logged after the checkpoint", len(rows) - len(kept))
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS, extrasaction="ignore")

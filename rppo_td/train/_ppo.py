@@ -41,6 +41,7 @@ class PPOSettings:
     reward_scale: float = 1.0
     start_state: Literal["stored", "refreshed", "zero"] = "stored"
     burn_in: int = 0
+    target_kl: float = 0.0
 
 
 class PPOUpdate:
@@ -53,6 +54,8 @@ class PPOUpdate:
     with ``start_state`` other than ``"stored"`` or ``burn_in``, ``SequenceStartStates``
     sets each sequence's start state with the current networks before each epoch;
     ``SequenceSampler`` draws each epoch's minibatches of whole sequences ``[B, Lp]``;
+    with ``target_kl`` above 0 the update stops after the first epoch whose minibatches'
+    mean ``kl_approx`` (each measured before its step) exceeds it;
     ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode: each sequence
     from its stored state at position 0) gives the loss terms, summed for one Adam step with
     the gradient norm clipped. ``value_coef`` weighs ``0.5 * (V - target)^2``.
@@ -138,7 +141,11 @@ class PPOUpdate:
         return self.chunker(self.splitter(self.gae(rollout)))
 
     def __call__(self, rollout: TensorDictBase, *, clip_epsilon: float) -> dict[str, float]:
-        """Prepares ``rollout`` and runs the epochs; returns the mean of each statistic."""
+        """Prepares ``rollout`` and runs the epochs; the mean of each statistic, and ``epochs``.
+
+        ``epochs`` is the number of epochs run: ``settings.epochs``, or fewer where
+        ``target_kl`` stopped the update.
+        """
         rollout = self.prepare(rollout)
         data = rollout.select(*self.keys)
         num_sequences = int(data["sequence_id"][-1, -1]) + 1
@@ -150,15 +157,26 @@ class PPOUpdate:
         sequences = self.padder(data)
         self.loss.clip_epsilon.fill_(clip_epsilon)
         totals: dict[str, torch.Tensor] = {}
-        count = 0
+        count = epochs = 0
         self.loss.train()
         for _ in range(self.settings.epochs):
             epoch = sequences if self.start_states is None else self.start_states(sequences)
+            kl, batches = torch.zeros(()), 0
             for batch in self.sampler(epoch):
-                for name, value in self._step(batch).items():
+                stats = self._step(batch)
+                for name, value in stats.items():
                     totals[name] = totals[name] + value if name in totals else value
+                kl = kl + stats["kl_approx"]
                 count += 1
-        return {name: float(value) / count for name, value in totals.items()}
+                batches += 1
+            epochs += 1
+            # the epoch's mean KL is every rank's (the loss reduces it over the group), so
+            # the ranks stop at the same epoch
+            if self.settings.target_kl and float(kl) / batches > self.settings.target_kl:
+                break
+        means = {name: float(value) / count for name, value in totals.items()}
+        means["epochs"] = epochs
+        return means
 
     def _step(self, batch: TensorDictBase) -> dict[str, torch.Tensor]:
         """One gradient step on a minibatch ``[B, Lp]``; the loss's outputs, detached."""

@@ -1,0 +1,131 @@
+"""target_kl: an update stops after the first epoch whose mean kl_approx exceeds it."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+
+import gymnasium as gym
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+from rppo_td.train import TrainConfig
+from rppo_td.train._outputs import METRIC_FIELDS, _truncate_rows
+from rppo_td.train._ppo import PPOSettings, PPOUpdate
+
+
+def _net() -> RecurrentActorCritic:
+    torch.manual_seed(0)
+    return RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), hidden_size=4)
+
+
+def _update(*, epochs: int, num_minibatches: int, target_kl: float) -> PPOUpdate:
+    net = _net()
+    settings = PPOSettings(
+        gamma=0.9, lmbda=0.95, sequence_length=4, epochs=epochs,
+        num_minibatches=num_minibatches, value_coef=0.5, entropy_coef=0.0, max_grad_norm=0.5,
+        normalize_advantage=False, target_kl=target_kl,
+    )  # fmt: skip
+    return PPOUpdate(
+        RecurrentActor(net), RecurrentCritic(net), torch.optim.Adam(net.parameters()),
+        settings=settings, generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+
+
+def _rollout(w: int = 4, t: int = 8) -> TensorDict:
+    """``[W, T]`` steps of one episode per worker: ``2 W`` sequences of 4 steps."""
+    flags = torch.zeros(w, t, 1, dtype=torch.bool)
+    is_init = flags.clone()
+    is_init[:, 0] = True
+    net = _net()
+    states = {
+        key: torch.zeros(w, t, *net.state_shape)
+        for key in (*net.actor_state_keys, *net.critic_state_keys)
+    }
+    return TensorDict(
+        {
+            **states,
+            "observation": torch.randn(w, t, 2),
+            "is_init": is_init,
+            "action": torch.randint(0, 2, (w, t)),
+            "action_log_prob": torch.full((w, t), -0.69),
+            "next": {
+                "observation": torch.randn(w, t, 2),
+                "is_init": flags.clone(),
+                "reward": torch.randn(w, t, 1),
+                "terminated": flags.clone(),
+                "truncated": flags.clone(),
+                "done": flags.clone(),
+            },
+        },
+        batch_size=[w, t],
+    )
+
+
+def _expected_epochs(kls: list[float], epochs: int, batches: int, target: float) -> int:
+    """The naive rule: the first epoch whose minibatches' mean KL is over the target."""
+    for epoch in range(epochs):
+        chunk = kls[epoch * batches : (epoch + 1) * batches]
+        if target > 0 and sum(chunk) / batches > target:
+            return epoch + 1
+    return epochs
+
+
+@given(
+    epochs=st.integers(1, 6),
+    batches=st.integers(1, 3),
+    target=st.sampled_from([0.0, 1e-3, 0.01, 0.05]),
+    kls=st.lists(st.floats(-0.02, 0.1), min_size=18, max_size=18),
+)
+def test_the_update_stops_after_the_first_epoch_over_target_kl(epochs, batches, target, kls):
+    update = _update(epochs=epochs, num_minibatches=batches, target_kl=target)
+    scripted = iter(kls)
+    steps = itertools.count()
+
+    def step(batch):
+        next(steps)
+        return {"kl_approx": torch.tensor(next(scripted)), "loss_total": torch.tensor(1.0)}
+
+    update._step = step  # the KL each minibatch would report, scripted
+    stats = update(_rollout(), clip_epsilon=0.2)
+    expected = _expected_epochs(kls, epochs, batches, target)
+    assert stats["epochs"] == expected
+    ran = next(steps)
+    assert ran == expected * batches  # no minibatch after the stop
+    assert stats["kl_approx"] == pytest.approx(sum(kls[:ran]) / ran)
+
+
+def test_without_target_kl_every_epoch_runs_and_the_networks_train():
+    update = _update(epochs=3, num_minibatches=2, target_kl=0.0)
+    before = [p.detach().clone() for p in update.parameters]
+    stats = update(_rollout(), clip_epsilon=0.2)
+    assert stats["epochs"] == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, update.parameters, strict=True))
+
+
+def test_target_kl_must_not_be_negative():
+    with pytest.raises(ValueError, match="target_kl"):
+        TrainConfig(target_kl=-0.01)
+
+
+def test_a_resumed_metrics_file_of_an_earlier_version_gets_todays_columns(tmp_path):
+    path = tmp_path / "metrics.csv"
+    old = [f for f in METRIC_FIELDS if f != "epochs"]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=old)
+        writer.writeheader()
+        for update in (1, 2, 3):
+            writer.writerow({name: update for name in old})
+    _truncate_rows(path, last_update=2)
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+        assert tuple(reader.fieldnames or ()) == METRIC_FIELDS
+    assert [r["update"] for r in rows] == ["1", "2"]
+    assert all(r["epochs"] == "" and r["kl_approx"] == r["update"] for r in rows)
+    _truncate_rows(path, last_update=2)  # nothing to drop, today's header: left alone
+    assert path.read_text().count("\n") == 3
