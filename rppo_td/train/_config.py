@@ -114,18 +114,18 @@ class TrainConfig:
         >>> config.steps_per_update, config.num_updates
         (64, 31)
         >>> try:
-        ...     TrainConfig(burn_in=40).validate()  # the default rollout has 32 steps
+        ...     TrainConfig(burn_in=10).validate()  # the default rollout has 8 steps
         ... except ValueError as err:
         ...     print(err)
-        burn_in=40 asks for more steps than a rollout holds: ... use burn_in <= 31 ...
+        burn_in=10 asks for more steps than a rollout holds: ... use burn_in <= 7 ...
     """
 
     env: str = _doc(
         "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
     )
     total_steps: int = _doc("env steps to train for (all workers together)", default=100_000, low=1)
-    num_workers: int = _doc("parallel envs W", default=32, low=1, high=100_000)
-    rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=32, low=1)
+    num_workers: int = _doc("parallel envs W", default=128, low=1, high=100_000)
+    rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=8, low=1)
     sequence_length: int = _doc(
         "max BPTT sequence length L (episodes are cut into <= L)", default=16, low=1
     )
@@ -177,7 +177,7 @@ class TrainConfig:
     lmbda: float = _doc(
         "GAE lambda (TorchRL's name; formerly gae_lambda)", default=0.8, low=0.0, high=1.0
     )
-    epochs: int = _doc("PPO epochs per update", default=10, low=1, high=100_000)
+    epochs: int = _doc("PPO epochs per update", default=5, low=1, high=100_000)
     target_kl: float = _doc(
         "stop an update after the first epoch whose mean approximate KL (kl_approx, the "
         "policy's change since collection) exceeds this; 0: every update runs all epochs",
@@ -186,7 +186,7 @@ class TrainConfig:
         high=1e6,
     )
     num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
-    learning_rate: float = _doc("Adam learning rate", default=1e-3, low=0.0, high=1.0)
+    learning_rate: float = _doc("Adam learning rate", default=3e-3, low=0.0, high=1.0)
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
     clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=10.0)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
@@ -196,7 +196,15 @@ class TrainConfig:
         low=1e-9,
         high=1e6,
     )
-    value_coef: float = _doc("value loss coefficient", default=0.5, low=0.0, high=1e6)
+    value_coef: float = _doc(
+        "value loss coefficient; the default, 8, lets the critic's gradient dominate the "
+        "clipped gradient norm (max_grad_norm), so the actor's steps shrink while the value "
+        "estimates are poor (masked CartPole: 48 of 50 seeds solved, against 14 of 20 at 0.5; "
+        "docs/results.md)",
+        default=8.0,
+        low=0.0,
+        high=1e6,
+    )
     entropy_coef: float = _doc("entropy bonus coefficient", default=0.0, low=0.0, high=1e6)
     max_grad_norm: float = _doc("gradient-norm clip", default=0.5, low=0.0, high=1e6)
     normalize_advantage: bool = _doc(

@@ -101,9 +101,9 @@ def test_memory_readout_quick() -> None:
 def test_learning_floor_quick() -> None:
     data = run_quick("learning_floor.py", "test_learning_floor_quick")
     batch, length = data["minibatch"]
-    # the episode ends are cleared: each worker's 32 steps make two sequences of 16
-    assert (batch, length) == (32 * 2, 16)
-    assert data["gradient_steps"] == 97 * 10
+    # the episode ends are cleared: each worker's 8 steps make one sequence (L = 16)
+    assert (batch, length) == (128, 8)
+    assert data["gradient_steps"] == 97 * 5
     step, lstm = data["times"]["step"], data["times"]["lstm"]
     assert lstm["ms_per_step"] > 0 and step["ms_per_step"] > 0
     assert data["lstm_share"] == pytest.approx(lstm["ms_per_step"] / step["ms_per_step"])

@@ -1,0 +1,186 @@
+"""Solve rates over many seeds: how often does a setting of `rppo-train` reach the target?
+
+One seed's return is one draw, and it does not carry over between machines (the same code forks
+in the last bits of its arithmetic on another CPU, docs/results.md); the rate over many seeds
+does. This script runs each setting (the trainer's flags) for every seed, `--jobs` runs at once
+(each a process with one torch thread), and prints the number solved (deterministic evaluation
+return >= `--target`) with a 95% Wilson interval, the returns, and the trainer's wall-clock.
+Results go to benchmarks/results/robustness-<UTC time>.json.
+
+    python benchmarks/robustness.py --seeds 0-29                        # the defaults, 30 seeds
+    python benchmarks/robustness.py --seeds 0-9 --jobs 2 \\
+        --setting "defaults=" \\
+        --setting "refreshed=--start-state refreshed --burn-in 4"
+
+Wall-clock figures of runs made `--jobs` at a time are not those of a run alone: compare them
+between settings of one invocation only. This script reports; it never fails on a rate (exit
+status 1 only if a run crashed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from _common import print_table, write_json
+
+
+def parse_seeds(text: list[str]) -> list[int]:
+    """``["0-3", "7"]`` -> ``[0, 1, 2, 3, 7]``; a range is inclusive of both ends."""
+    seeds: list[int] = []
+    for part in text:
+        low, sep, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise SystemExit(f"--seeds: {part!r} is not a seed or a range such as 0-29") from None
+        if first < 0 or last < first:
+            raise SystemExit(f"--seeds: {part!r} must be N or A-B with 0 <= A <= B")
+        seeds.extend(range(first, last + 1))
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds: a seed is given twice in {' '.join(text)}")
+    return seeds
+
+
+def parse_setting(text: str) -> tuple[str, list[str]]:
+    """``"name=--flag value ..."`` -> ``("name", ["--flag", "value"])``."""
+    name, sep, flags = text.partition("=")
+    if not sep or not name.strip():
+        raise SystemExit(f"--setting must be NAME=FLAGS (FLAGS may be empty), got {text!r}")
+    return name.strip(), shlex.split(flags)
+
+
+def wilson(solved: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate ``solved / runs``."""
+    if runs == 0:
+        return 0.0, 1.0
+    p = solved / runs
+    centre = (p + z * z / (2 * runs)) / (1 + z * z / runs)
+    half = z * math.sqrt(p * (1 - p) / runs + z * z / (4 * runs * runs)) / (1 + z * z / runs)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def run_one(flags: list[str], seed: int, out: Path) -> dict:
+    cmd = [
+        sys.executable, "-m", "rppo_td.train", *flags,
+        "--seed", str(seed), "--output", str(out), "--overwrite",
+        "--no-progress", "--log-level", "WARNING", "--threads", "1",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    row: dict = {"seed": seed, "returncode": proc.returncode}
+    row["process_wall_s"] = time.perf_counter() - start
+    summary = out / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        row["error"] = proc.stderr[-2000:]
+        return row
+    data = json.loads(summary.read_text())
+    for key in ("eval_return_mean", "env_steps", "wall_time_s", "collect_time_s", "learn_time_s"):
+        row[key] = data[key]
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", nargs="+", default=["0-29"], help="seeds and ranges (0-29)")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=None,
+        help='NAME=FLAGS, repeatable (default: "defaults=", the trainer as it is)',
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
+    parser.add_argument("--target", type=float, default=475.0, help="solved: eval >= this")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
+    seeds = parse_seeds(args.seeds)
+    settings = [parse_setting(text) for text in (args.setting or ["defaults="])]
+    names = [name for name, _ in settings]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"--setting: two settings share a name in {names}")
+
+    workdir = Path(tempfile.mkdtemp(prefix="rppo_robustness_"))
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+        f"{len(settings)} settings x {len(seeds)} seeds, {args.jobs} at once; runs in {workdir}"
+    )
+    results = []
+    for name, flags in settings:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            rows = list(
+                pool.map(lambda s: run_one(flags, s, workdir / f"{name}-s{s}"), seeds)  # noqa: B023
+            )
+        done = [r for r in rows if "error" not in r]
+        solved = sum(r["eval_return_mean"] >= args.target for r in done)
+        low, high = wilson(solved, len(done))
+        walls = sorted(r["wall_time_s"] for r in done)
+        result = {
+            "setting": name,
+            "flags": flags,
+            "solved": solved,
+            "runs": len(done),
+            "crashed": len(rows) - len(done),
+            "wilson_95": [low, high],
+            "median_wall_time_s": walls[len(walls) // 2] if walls else None,
+            "rows": rows,
+        }
+        results.append(result)
+        returns = " ".join(
+            f"{r['eval_return_mean']:.0f}" if "error" not in r else "crash" for r in rows
+        )
+        print(f"{name} ({' '.join(flags) or 'the defaults'}): {solved}/{len(done)}; {returns}")
+        for r in rows:
+            if "error" in r:
+                print(f"  seed {r['seed']} crashed (exit {r['returncode']}): {r['error'][-400:]}")
+
+    print()
+    print_table(
+        ["setting", "solved", "95% interval", "median train s"],
+        [
+            [
+                r["setting"],
+                f"{r['solved']}/{r['runs']}",
+                f"{r['wilson_95'][0]:.2f}-{r['wilson_95'][1]:.2f}",
+                f"{r['median_wall_time_s']:.1f}" if r["median_wall_time_s"] else "-",
+            ]
+            for r in results
+        ],
+    )
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = write_json(
+        f"robustness-{stamp}",
+        {
+            "when_utc": stamp,
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "seeds": seeds,
+            "jobs": args.jobs,
+            "target": args.target,
+            "results": results,
+        },
+    )
+    print(f"wrote {path}")
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if any(r["crashed"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
