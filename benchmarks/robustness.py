@@ -8,6 +8,7 @@ return >= `--target`) with a 95% Wilson interval, the returns, and the trainer's
 Results go to benchmarks/results/robustness-<UTC time>.json.
 
     python benchmarks/robustness.py --seeds 0-29                        # the defaults, 30 seeds
+    python benchmarks/robustness.py --quick                             # a smoke run
     python benchmarks/robustness.py --seeds 0-9 --jobs 2 \\
         --setting "defaults=" \\
         --setting "refreshed=--start-state refreshed --burn-in 4"
@@ -106,11 +107,25 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
     parser.add_argument("--target", type=float, default=475.0, help="solved: eval >= this")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="seeds 0-1 of each setting on 2,048 steps, 2 evaluation episodes (a smoke run)",
+    )
+    parser.add_argument(
+        "--output", default=None, help="results name (default robustness-<UTC time>)"
+    )
     args = parser.parse_args()
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be >= 1, got {args.jobs}")
     seeds = parse_seeds(args.seeds)
     settings = [parse_setting(text) for text in (args.setting or ["defaults="])]
+    if args.quick:
+        seeds = seeds[:2]
+        settings = [
+            (name, [*flags, "--total-steps", "2048", "--eval-episodes", "2"])
+            for name, flags in settings
+        ]
     names = [name for name, _ in settings]
     if len(set(names)) != len(names):
         raise SystemExit(f"--setting: two settings share a name in {names}")
@@ -164,7 +179,7 @@ def main() -> int:
     )
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = write_json(
-        f"robustness-{stamp}",
+        args.output or f"robustness-{stamp}{'_quick' if args.quick else ''}",
         {
             "when_utc": stamp,
             "cpus": os.cpu_count(),

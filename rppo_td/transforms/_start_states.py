@@ -282,7 +282,8 @@ class SequenceStartStates(RolloutTransform):
         stored one for a row's first sequence, zero where a sequence starts an episode
         (``starts_episode``, ``[N]`` bool), else the state after the previous sequence of
         its row (from the round before). Rounds: the most sequences a fragment holds, at most
-        ``ceil(T / L)``.
+        ``ceil(T / L)``; the last round's sequences are not run (nothing reads their final
+        states), so where every fragment is one sequence (``T <= L``) nothing runs at all.
         """
         n = mask.shape[0]
         lengths = mask.sum(1)
@@ -319,6 +320,8 @@ class SequenceStartStates(RolloutTransform):
                     for key in self.state_keys:
                         after = final[key].index_select(0, before)
                         start[key].index_copy_(0, index, torch.where(fresh, 0.0, after))
+                if k == len(groups) - 1:
+                    break  # no round reads the last round's final states: not run
                 batch = inputs[index]
                 own_lengths = lengths.index_select(0, index)
                 for module, own in self._plan:

@@ -103,7 +103,19 @@ def test_learning_floor_quick() -> None:
     batch, length = data["minibatch"]
     # the episode ends are cleared: each worker's 8 steps make one sequence (L = 16)
     assert (batch, length) == (128, 8)
-    assert data["gradient_steps"] == 97 * 5
+    assert data["gradient_steps"] == 97 * 4
     step, lstm = data["times"]["step"], data["times"]["lstm"]
     assert lstm["ms_per_step"] > 0 and step["ms_per_step"] > 0
     assert data["lstm_share"] == pytest.approx(lstm["ms_per_step"] / step["ms_per_step"])
+
+
+def test_robustness_quick() -> None:
+    data = run_quick("robustness.py", "test_robustness_quick")
+    assert data["seeds"] == [0, 1] and data["target"] == 475.0
+    (result,) = data["results"]
+    assert result["setting"] == "defaults" and result["crashed"] == 0
+    assert result["runs"] == 2 and 0 <= result["solved"] <= 2
+    low, high = result["wilson_95"]
+    assert 0.0 <= low <= result["solved"] / 2 <= high <= 1.0
+    for row in result["rows"]:
+        assert row["env_steps"] == 2048 and row["wall_time_s"] > 0
