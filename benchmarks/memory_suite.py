@@ -56,13 +56,32 @@ class Task:
     target: float
     budget: int
     extra: str = ""  # the optional dependency it needs, if any
+    # flags over the preset for every ablation run, and why
+    ablation_base: tuple[tuple[str, str], ...] = ()
+    ablation_why: str = ""
 
 
 TASKS = {
     task.name: task
     for task in (
         Task("poc-memory", "poc-memory", 1.0, 30_000),
-        Task("cartpole-novel", "cartpole-novel", 475.0, 100_000),
+        Task(
+            "cartpole-novel",
+            "cartpole-novel",
+            475.0,
+            100_000,
+            # the preset's 8-step rollouts are one sequence per episode fragment: nothing to
+            # refresh or burn in; the ablation keeps the settings it was measured with
+            ablation_base=(
+                ("num-workers", "32"),
+                ("rollout-steps", "32"),
+                ("epochs", "10"),
+                ("learning-rate", "0.001"),
+                ("value-coef", "0.5"),
+            ),
+            ablation_why="the defaults before 2026-12-02 evening: the preset's 8-step rollouts "
+            "hold one sequence per episode fragment, with nothing to refresh or burn in",
+        ),
         Task("pendulum-novel", "pendulum-novel", -200.0, 150_000),
         Task("minigrid-memory-s9", "minigrid-memory-s9", 0.9, 600_000, extra="minigrid"),
     )
@@ -132,13 +151,21 @@ def preset_value(preset: str, name: str) -> int:
     return int(preset_setting(preset, name))
 
 
+def ablation_rollout_steps(task: str) -> int:
+    """The rollout length ``T`` of the task's ablation runs (its base flags, else its preset)."""
+    base = dict(TASKS[task].ablation_base)
+    if "rollout-steps" in base:
+        return int(base["rollout-steps"])
+    return int(preset_value(TASKS[task].preset, "rollout_steps"))
+
+
 def sequence_columns(task: str) -> list[str]:
     """The ablation's lengths for a task: those shorter than its rollout, then ``whole``.
 
     ``whole`` is the rollout length ``T``; a length ``>= T`` is the same setting (sequences
     are cut at the rollout's ends), so it is not run twice.
     """
-    rollout_steps = preset_value(TASKS[task].preset, "rollout_steps")
+    rollout_steps = ablation_rollout_steps(task)
     numeric = [x for x in SEQUENCE_LENGTHS if x != "whole" and int(x) < rollout_steps]
     return [*numeric, "whole"]
 
@@ -147,7 +174,7 @@ def ablation_runs(
     task: str, seeds: list[int], total_steps: int | None, identical: bool = False
 ) -> list[Run]:
     """The ablation grid; refreshed with burn-in only if ``identical`` (see below)."""
-    rollout_steps = preset_value(TASKS[task].preset, "rollout_steps")
+    rollout_steps = ablation_rollout_steps(task)
     runs = []
     for start in START_STATES:
         for length in sequence_columns(task):
@@ -157,6 +184,7 @@ def ablation_runs(
                 if start == "refreshed" and burn and not identical:
                     continue
                 flags = (
+                    *TASKS[task].ablation_base,
                     ("start-state", start),
                     *_sequence_flags(length, rollout_steps),
                     ("burn-in", str(burn)),
@@ -397,7 +425,7 @@ def ablation_table(suite: Suite, task: str) -> list[str]:
         "same run as without, see SequenceStartStates)",
         "",
     ]
-    rollout_steps = str(preset_value(TASKS[task].preset, "rollout_steps"))
+    rollout_steps = str(ablation_rollout_steps(task))
     columns = sequence_columns(task)
     header = [f"whole (= {rollout_steps})" if c == "whole" else c for c in columns]
     lines += [
@@ -503,6 +531,13 @@ def report(suite: Suite, results_page: Path) -> None:
                 f"({HEAD_FIX}, checkpoint format 3) were measured with the earlier head."
                 if any(not current(r) for r in suite.runs.values())
                 else ""
+            )
+            + "".join(
+                f" `{t}` runs its ablation over its preset with "
+                f"`{' '.join(f'--{k} {v}' for k, v in TASKS[t].ablation_base)}`"
+                f"{f' ({TASKS[t].ablation_why})' if TASKS[t].ablation_why else ''}."
+                for t in ablations
+                if TASKS[t].ablation_base
             ),
             "",
         ]
