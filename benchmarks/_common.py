@@ -13,6 +13,8 @@ import json
 import platform
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -263,6 +265,28 @@ def environment() -> dict[str, object]:
         "torch_threads": torch.get_num_threads(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def run_trainer(args: list[str], out: Path) -> tuple[dict[str, object], dict | None]:
+    """Runs ``python -m rppo_td.train ARGS --output OUT`` as its own process.
+
+    Returns the run's row (``command``, ``returncode``, ``process_wall_s``, and ``error``, the
+    end of its stderr, where it failed or wrote no ``summary.json``) and its summary (None
+    where it failed).
+    """
+    cmd = [sys.executable, "-m", "rppo_td.train", *args, "--output", str(out)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    row: dict[str, object] = {
+        "command": " ".join(cmd[1:]),
+        "returncode": proc.returncode,
+        "process_wall_s": time.perf_counter() - start,
+    }
+    summary = out / "summary.json"
+    if proc.returncode != 0 or not summary.exists():
+        row["error"] = proc.stderr[-2000:]
+        return row, None
+    return row, json.loads(summary.read_text())
 
 
 def write_json(name: str, payload: dict[str, object]) -> Path:

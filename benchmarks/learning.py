@@ -18,18 +18,15 @@ load average before and after each run is printed with it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import write_json
+from _common import run_trainer, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -39,40 +36,22 @@ TARGET_RETURN, TARGET_SEEDS, TARGET_WALL, CONTROL_MAX = 475.0, 4, 60.0, 200.0
 def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir: Path) -> dict:
     out = workdir / f"{recurrence or 'default'}-s{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "rppo_td.train",
-        "--seed",
-        str(seed),
-        "--output",
-        str(out),
-        "--no-progress",
-        "--log-level",
-        "WARNING",
-    ]
+    args = ["--seed", str(seed), "--no-progress", "--log-level", "WARNING"]
     if recurrence is not None:
-        cmd += ["--recurrence", recurrence]
+        args += ["--recurrence", recurrence]
     if total_steps is not None:
-        cmd += ["--total-steps", str(total_steps)]
+        args += ["--total-steps", str(total_steps)]
     load_before = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    process_wall = time.perf_counter() - start
+    run, summary = run_trainer(args, out)
     row = {
         "recurrence": recurrence or "lstm (default)",
         "seed": seed,
-        "command": " ".join(cmd[1:]),
-        "returncode": proc.returncode,
-        "process_wall_s": process_wall,
+        **run,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
     }
-    summary_path = out / "summary.json"
-    if proc.returncode != 0 or not summary_path.exists():
-        row["error"] = proc.stderr[-2000:]
+    if summary is None:
         return row
-    summary = json.loads(summary_path.read_text())
     row.update({k: summary[k] for k in SUMMARY_KEYS})
     row["eval_returns"] = summary.get("eval_returns", [])
     return row

@@ -156,7 +156,7 @@ def ablation_rollout_steps(task: str) -> int:
     base = dict(TASKS[task].ablation_base)
     if "rollout-steps" in base:
         return int(base["rollout-steps"])
-    return int(preset_value(TASKS[task].preset, "rollout_steps"))
+    return preset_value(TASKS[task].preset, "rollout_steps")
 
 
 def sequence_columns(task: str) -> list[str]:

@@ -21,21 +21,19 @@ status 1 only if a run crashed).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
 import shlex
 import shutil
-import subprocess
+import statistics
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import print_table, write_json
+from _common import print_table, run_trainer, write_json
 
 
 def parse_seeds(text: list[str]) -> list[int]:
@@ -74,22 +72,18 @@ def wilson(solved: int, runs: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def run_one(flags: list[str], seed: int, out: Path) -> dict:
-    cmd = [
-        sys.executable, "-m", "rppo_td.train", *flags,
-        "--seed", str(seed), "--output", str(out), "--overwrite",
-        "--no-progress", "--log-level", "WARNING", "--threads", "1",
-    ]  # fmt: skip
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    row: dict = {"seed": seed, "returncode": proc.returncode}
-    row["process_wall_s"] = time.perf_counter() - start
-    summary = out / "summary.json"
-    if proc.returncode != 0 or not summary.exists():
-        row["error"] = proc.stderr[-2000:]
-        return row
-    data = json.loads(summary.read_text())
-    for key in ("eval_return_mean", "env_steps", "wall_time_s", "collect_time_s", "learn_time_s"):
-        row[key] = data[key]
+    quiet = ["--overwrite", "--no-progress", "--log-level", "WARNING", "--threads", "1"]
+    run, summary = run_trainer([*flags, "--seed", str(seed), *quiet], out)
+    row = {"seed": seed, **run}
+    if summary is not None:
+        for key in (
+            "eval_return_mean",
+            "env_steps",
+            "wall_time_s",
+            "collect_time_s",
+            "learn_time_s",
+        ):
+            row[key] = summary[key]
     return row
 
 
@@ -144,7 +138,7 @@ def main() -> int:
         done = [r for r in rows if "error" not in r]
         solved = sum(r["eval_return_mean"] >= args.target for r in done)
         low, high = wilson(solved, len(done))
-        walls = sorted(r["wall_time_s"] for r in done)
+        walls = [r["wall_time_s"] for r in done]
         result = {
             "setting": name,
             "flags": flags,
@@ -152,7 +146,7 @@ def main() -> int:
             "runs": len(done),
             "crashed": len(rows) - len(done),
             "wilson_95": [low, high],
-            "median_wall_time_s": walls[len(walls) // 2] if walls else None,
+            "median_wall_time_s": statistics.median(walls) if walls else None,
             "rows": rows,
         }
         results.append(result)
