@@ -14,6 +14,7 @@ from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
+from rppo_td._lazy import PaddedGather, Pending, lazy_enabled, lazy_tree, trackable
 from rppo_td._validation import (
     check_dtype,
     check_not_padded,
@@ -133,6 +134,7 @@ class SequenceLayout:
         *,
         out: dict[NestedKey, torch.Tensor] | None = None,
         pool: OutputPool | None = None,
+        lazy: bool = False,
     ) -> TensorDictBase:
         """Padded sequences ``[B, Lp]`` (all ``N``, or the ones in ``index`` ``[B]``).
 
@@ -141,7 +143,9 @@ class SequenceLayout:
         all zero on padding too). With ``out`` (``empty_buffer``'s, at least ``B`` rows) the
         leaves are written into its first ``B`` rows instead of fresh memory, and the result's
         leaves are views of it. With ``pool`` the leaves go into memory the pool reuses once
-        its earlier outputs are gone (``OutputPool``; the result is the same).
+        its earlier outputs are gone (``OutputPool``; the result is the same). With ``lazy``
+        (all sequences, no ``out``) the rollout's leaves are gathered when first read
+        (``rppo_td._lazy``; the values are the same).
 
         ``index`` is ``[B]`` int64 in ``[0, N)`` (checked, one device synchronisation) or
         ``[N]`` bool; ``td`` must be the ``[W, T]`` rollout the layout was built from.
@@ -153,7 +157,7 @@ class SequenceLayout:
                 f"SequenceLayout.gather needs the [{self.num_workers}, {self.time_steps}] "
                 f"rollout it was built from, got batch size {list(td.batch_size)}"
             )
-        return gather_sequences(self, td, keys, index, out=out, pool=pool)
+        return gather_sequences(self, td, keys, index, out=out, pool=pool, lazy=lazy)
 
 
 def _pad_columns(
@@ -255,13 +259,16 @@ def gather_sequences(
     out: dict[NestedKey, torch.Tensor] | None = None,
     pool: OutputPool | None = None,
     stacks: list[ScalarStack] | None = None,
+    lazy: bool = False,
 ) -> TensorDictBase:
     """``SequenceLayout.gather`` without the checks of ``index`` (the samplers' own groups).
 
     With ``pool`` (and no ``out``) the leaves are written into memory the pool reuses once
     the earlier outputs are gone (``OutputPool``). With ``stacks`` (``ScalarStack.of``,
     made once for all minibatches of an epoch) their leaves are gathered together, in fresh
-    memory even with ``out``.
+    memory even with ``out``. With ``lazy`` (and neither ``out`` nor ``stacks``) every leaf
+    that ``rppo_td._lazy.trackable`` accepts is left ``Pending``, gathered when first read,
+    where ``lazy_enabled()`` (else the leaves are gathered now, the same values).
     """
     if index is None:
         flat, mask = layout.flat_index, layout.loss_mask
@@ -273,6 +280,9 @@ def gather_sequences(
         flat, mask = layout.flat_index[index], layout.loss_mask[index]
     pads = (~mask).flatten().nonzero().squeeze(1)
     flat_steps = flat.flatten()
+    deferred = None
+    if lazy and out is None and not stacks and lazy_enabled():
+        deferred = PaddedGather(flat, mask, flat_steps, pads, pool or OutputPool())
     # Leaves go into a nested dict and the tensordict is built once at the end: setting
     # them one by one into a tensordict with a device costs more than the gathers at small
     # shapes.
@@ -290,6 +300,9 @@ def gather_sequences(
             put_leaf(source, key, stacked[key])
             continue
         check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
+        if deferred is not None and trackable(value):
+            put_leaf(source, key, Pending(key, value, deferred))
+            continue
         if out is not None:
             dest = out[key][: flat.shape[0]]
         elif pool is not None and pool.wants(value, flat.numel() * math.prod(value.shape[2:])):
@@ -306,6 +319,8 @@ def gather_sequences(
     # the rollout's identity, so that inv can refuse a subset of its sequences
     steps = layout.num_workers * layout.time_steps
     put_leaf(source, keys.rollout_steps, torch.where(mask, steps, 0))
+    if deferred is not None:
+        return lazy_tree(source, flat.shape, td.device)
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of
     # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
     return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)

@@ -13,6 +13,7 @@ from rppo_td._buffers import OutputPool
 from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
 from rppo_td._layout import ScalarStack, SequenceLayout, gather_sequences, put_leaf
+from rppo_td._lazy import Pending, raw_leaves
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -92,7 +93,21 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
 
 
 def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
-    """Bytes of ``td``'s tensor leaves, and whether any of them requires grad."""
+    """Bytes of ``td``'s tensor leaves, and whether any of them requires grad.
+
+    A padder output's leaves not gathered yet count as the bytes they will hold (and are
+    not gathered here).
+    """
+    leaves = raw_leaves(td) if type(td) is TensorDict else None
+    if leaves is not None:
+        size, grad = 0, False
+        for _, value in leaves:
+            if type(value) is Pending:
+                size += value.nbytes
+            else:
+                size += value.numel() * value.element_size()
+                grad = grad or value.requires_grad
+        return size, grad
     size, grad = 0, False
     for _, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
         if isinstance(value, torch.Tensor):
@@ -118,15 +133,31 @@ def gathered_bytes(rollout_bytes: int, steps: int, positions: int) -> int:
 def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> TensorDictBase:
     """``td[index]`` for ``[B]`` int64 ``index``, its leaves written into ``pool``'s memory.
 
-    Other tensordict types than ``TensorDict``, and non-tensor leaves, take ``td[index]``.
+    Leaves of a padder output not gathered yet (``rppo_td._lazy``) are gathered for these
+    rows straight from the rollout, and stay pending in ``td``. Other tensordict types than
+    ``TensorDict``, and non-tensor leaves, take ``td[index]``.
     """
-    if type(td) is not TensorDict:
+    leaves = raw_leaves(td) if type(td) is TensorDict else None
+    if leaves is None:
         return td[index]
     source: dict = {}
     on = {index.device: index}
-    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
-        if type(value) is not torch.Tensor:  # non-tensor data, tensor subclasses
-            return td[index]
+    positions: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
+    for key, value in leaves:
+        if type(value) is Pending:
+            gather = value.gather
+            if id(gather) not in positions:
+                rows = on.setdefault(gather.flat_index.device, index.to(gather.flat_index.device))
+                flat = gather.flat_index.index_select(0, rows)
+                pads = (~gather.loss_mask.index_select(0, rows)).flatten().nonzero().squeeze(1)
+                positions[id(gather)] = (flat.flatten(), pads, (flat.shape[0], flat.shape[1]))
+            flat_steps, pads, shape = positions[id(gather)]
+            rows_shape = (*shape, *value.source.shape[2:])
+            dest = None
+            if pool.wants(value.source, math.prod(rows_shape)):
+                dest = pool.empty(key, rows_shape, value.source)
+            put_leaf(source, key, value.rows(flat_steps, pads, shape, out=dest))
+            continue
         if value.device not in on:
             on[value.device] = index.to(value.device)
         rows = on[value.device]

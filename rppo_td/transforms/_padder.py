@@ -107,7 +107,7 @@ class SequencePadder(RolloutTransform):
         layout = SequenceLayout.from_rollout(
             tensordict, self.keys, "SequencePadder", pad_to=self.pad_to
         )
-        return layout.gather(tensordict, self.keys, pool=self._pool)
+        return layout.gather(tensordict, self.keys, pool=self._pool, lazy=True)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys

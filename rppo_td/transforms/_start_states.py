@@ -12,6 +12,7 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import set_recurrent_mode
 
 from rppo_td._keys import RolloutKeys
+from rppo_td._lazy import shallow_copy
 from rppo_td._validation import check_dtype, check_shape, get_key
 from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps, unpad_rows
 from rppo_td.transforms._base import RolloutTransform
@@ -260,7 +261,7 @@ class SequenceStartStates(RolloutTransform):
             )
             states = self._states(flat_view.view(num_workers, num_time), first)
             at_first = {key: value.index_select(0, first) for key, value in states.items()}
-        out = tensordict.copy()
+        out = shallow_copy(tensordict)  # leaves the padder's pending leaves pending
         for key, value in at_first.items():
             new = get_key(tensordict, key).clone()
             new[:, 0] = value

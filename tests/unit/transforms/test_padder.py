@@ -178,3 +178,64 @@ def test_pad_to_golden_and_checks():
         with pytest.raises(ValueError, match=re.escape(message)):
             SequencePadder(pad_to=bad)
     assert repr(SequencePadder(pad_to=4)).startswith("SequencePadder(pad_to=4, in_keys=")
+
+
+# ---- the output's leaves are gathered when first read (rppo_td._lazy) ----------------------
+def _pending(td):
+    from rppo_td._lazy import Pending, raw_leaves
+
+    return {key for key, value in raw_leaves(td) if type(value) is Pending}
+
+
+def test_output_is_a_plain_tensordict_whose_rollout_leaves_wait_to_be_read():
+    td = _chunked(2)
+    padded = SequencePadder()(td)
+    assert type(padded) is TensorDict and type(padded["next"]) is TensorDict
+    rollout_keys = set(td.keys(True, True))
+    assert _pending(padded) == rollout_keys
+    assert "observation" in padded.keys() and ("next", "reward") in padded.keys(True)
+    value = padded["observation"]
+    assert _pending(padded) == rollout_keys - {"observation"}
+    assert padded["observation"] is value  # gathered once, then kept
+    # writing a key replaces its pending leaf; deleting one drops it
+    padded["action"] = torch.zeros(padded.shape, dtype=torch.int64)
+    del padded["pixels"]
+    assert _pending(padded) == rollout_keys - {"observation", "action", "pixels"}
+    assert not padded["action"].any() and "pixels" not in padded.keys()
+
+
+def test_read_in_inference_mode_gives_an_ordinary_tensor():
+    padded = SequencePadder()(_chunked(2))
+    with torch.inference_mode():
+        value = padded["observation"]
+    assert not value.is_inference()
+    value.add_(1.0)  # usable outside inference mode, as an eager padder's output
+
+
+def test_leaves_that_cannot_be_tracked_are_padded_at_once():
+    td = _chunked(2)
+    td["observation"] = td["observation"].clone().requires_grad_(True)
+    padded = SequencePadder()(td)
+    assert "observation" not in _pending(padded)
+    padded["observation"].sum().backward()  # the graph runs back to the rollout
+    assert td["observation"].grad is not None
+    with torch.inference_mode():
+        assert _pending(SequencePadder()(_chunked(2))) == set()
+
+
+def test_a_write_to_the_rollout_after_padding_is_refused_by_name():
+    td = _chunked(2)
+    padded = SequencePadder()(td)
+    td["next", "reward"].mul_(2.0)
+    with pytest.raises(ValueError, match=re.escape("('next', 'reward')") + ".*modified in place"):
+        padded.clone()
+    # the other leaves are still read as padded
+    assert torch.equal(padded["observation"], SequencePadder()(_chunked(2))["observation"])
+
+
+def test_inv_and_a_device_move_read_the_pending_leaves():
+    td = _chunked(2)
+    padded = SequencePadder()(td)
+    assert (SequencePadder().inv(padded) == td).all()
+    moved = SequencePadder()(td).to("cpu")
+    assert torch.equal(moved["recurrent_state_h"], padded["recurrent_state_h"])

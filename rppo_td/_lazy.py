@@ -1,0 +1,266 @@
+"""Padded leaves gathered when first read: SequencePadder's output without its copy.
+
+Not a transform: ``SequencePadder`` builds these outputs and ``SequenceSampler`` reads them
+(``_layout`` sits below both).
+
+A padded output is a plain ``TensorDict`` whose leaf dicts (``_tensordict``, one per level)
+are ``LazyLeaves``: every key is there from the start, but a rollout leaf's padded
+``[N, Lp, *F]`` tensor is gathered from the ``[W, T, *F]`` rollout only when something reads
+it (``td[key]``, ``items()``, ``clone()``, indexing, printing, ``==``, a replay buffer's
+``extend``...), once, and then kept like any other leaf. The sampler reads the pending leaves
+without gathering them: each minibatch is gathered straight from the rollout, so the
+README's ``padder -> sampler`` composition costs one gather per epoch, not two.
+
+A pending leaf stands for the rollout leaf's values *at padding time*. The rollout is not
+copied, so the leaf's version counter (``torch.Tensor._version``, bumped by every in-place
+write to it or to a view of it) is recorded; a pending leaf whose rollout leaf was written
+in place since is refused with a ``ValueError`` naming the key, never gathered from the
+new values. Leaves that cannot be tracked so (inference tensors, leaves that require grad,
+tensor subclasses, non-tensor data) and outputs made in inference mode or under
+``torch.compile`` are padded at once, as before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from tensordict import NestedKey, TensorDict, TensorDictBase
+
+from rppo_td._buffers import OutputPool
+from rppo_td.functional._padding import pad_rows
+
+__all__ = ["LazyLeaves", "Pending", "PaddedGather", "lazy_enabled", "raw_leaves", "trackable"]
+
+
+@dataclass(frozen=True)
+class PaddedGather:
+    """The index map shared by every pending leaf of one padder output.
+
+    Attributes:
+        flat_index: ``[N, Lp]`` int64, ``w * T + t`` of each position (0 on padding).
+        loss_mask: ``[N, Lp]`` bool.
+        flat_steps: ``flat_index`` flattened, ``[N * Lp]``.
+        pads: ``[P]`` int64, the flat padding positions in ``N * Lp``.
+        pool: the padder's ``OutputPool`` (materialised leaves reuse its memory).
+    """
+
+    flat_index: torch.Tensor
+    loss_mask: torch.Tensor
+    flat_steps: torch.Tensor
+    pads: torch.Tensor
+    pool: OutputPool
+
+
+class Pending:
+    """A padded leaf not gathered yet: its rollout leaf ``[W, T, *F]`` and that leaf's version."""
+
+    __slots__ = ("gather", "key", "source", "version")
+
+    def __init__(self, key: NestedKey, source: torch.Tensor, gather: PaddedGather) -> None:
+        self.key = key
+        self.source = source
+        self.version = source._version
+        self.gather = gather
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The padded leaf's shape, ``[N, Lp, *F]``."""
+        return (*self.gather.flat_index.shape, *self.source.shape[2:])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the padded leaf once gathered."""
+        return math.prod(self.shape) * self.source.element_size()
+
+    def checked_source(self) -> torch.Tensor:
+        """The rollout leaf, refused where it was written in place since it was padded."""
+        now = self.source._version
+        if now != self.version:
+            raise ValueError(
+                f"SequencePadder's output gathers {self.key!r} from the rollout when it is "
+                f"first read, and the rollout's {self.key!r} was modified in place since it "
+                f"was padded (version {self.version}, now {now}): its padded values would no "
+                f"longer be the ones padded. Read the padded {self.key!r} (or the whole "
+                "output, e.g. .clone()) before writing to the rollout, or pad after the change"
+            )
+        return self.source
+
+    def rows(
+        self, flat_steps: torch.Tensor, pads: torch.Tensor, shape: tuple[int, int], out=None
+    ) -> torch.Tensor:
+        """The padded leaf's rows for the positions ``flat_steps`` (``[B * Lp]``)."""
+        return pad_rows(self.checked_source(), flat_steps, pads, torch.Size(shape), out=out)
+
+    def materialize(self) -> torch.Tensor:
+        """The whole padded leaf ``[N, Lp, *F]``, in the padder's pooled memory."""
+        gather, source = self.gather, self.checked_source()
+        # a read inside inference mode still makes the ordinary tensor an eager padder made
+        with torch.inference_mode(False):
+            dest = None
+            if gather.pool.wants(source, math.prod(self.shape)):
+                dest = gather.pool.empty(self.key, self.shape, source)
+            return pad_rows(
+                source, gather.flat_steps, gather.pads, gather.flat_index.shape, out=dest
+            )
+
+
+class LazyLeaves(dict):
+    """A ``TensorDict``'s leaf dict whose ``Pending`` values are gathered when first read.
+
+    Every read of a value through the dict's methods (``[]``, ``get``, ``items``,
+    ``values``, ``pop``, ``==``, ``copy.copy``, pickling, ``dict(...)``) gathers it first;
+    ``dict.items(d)`` and ``raw_leaves`` see the ``Pending`` objects. Writing a key (or
+    deleting it) replaces its pending value like any other.
+    """
+
+    __slots__ = ()
+
+    def _fill(self, key: str, value: object) -> object:
+        if type(value) is Pending:
+            value = value.materialize()
+            dict.__setitem__(self, key, value)
+        return value
+
+    def _fill_all(self) -> None:
+        for key, value in list(dict.items(self)):
+            if type(value) is Pending:
+                self._fill(key, value)
+
+    def __getitem__(self, key: str) -> object:
+        return self._fill(key, dict.__getitem__(self, key))
+
+    def get(self, key: str, default: object = None) -> object:
+        if dict.__contains__(self, key):
+            return self[key]
+        return default
+
+    def __iter__(self) -> Iterator[str]:
+        # overridden, so that dict(d), {**d} and d2.update(d) read values through
+        # __getitem__ (CPython copies a dict subclass's raw values otherwise)
+        return dict.__iter__(self)
+
+    def items(self):  # type: ignore[override]
+        self._fill_all()
+        return dict.items(self)
+
+    def values(self):  # type: ignore[override]
+        self._fill_all()
+        return dict.values(self)
+
+    def pop(self, key: str, *default: object) -> object:
+        if dict.__contains__(self, key):
+            value = self[key]
+            dict.__delitem__(self, key)
+            return value
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[str, object]:
+        key, value = dict.popitem(self)
+        return key, value.materialize() if type(value) is Pending else value
+
+    def setdefault(self, key: str, default: object = None) -> object:
+        if dict.__contains__(self, key):
+            return self[key]
+        dict.__setitem__(self, key, default)
+        return default
+
+    def copy(self) -> LazyLeaves:
+        """A shallow copy that shares the pending leaves (nothing is gathered)."""
+        return LazyLeaves(dict.items(self))
+
+    def __eq__(self, other: object) -> bool:
+        self._fill_all()
+        if isinstance(other, LazyLeaves):
+            other._fill_all()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __or__(self, other: object) -> dict:
+        return dict(self) | other  # type: ignore[operator]
+
+    def __ror__(self, other: object) -> dict:
+        return other | dict(self)  # type: ignore[operator]
+
+    def __repr__(self) -> str:
+        self._fill_all()
+        return dict.__repr__(self)
+
+    def __reduce__(self) -> tuple:
+        # pickled, copied and deep-copied as the plain dict of gathered values
+        return (dict, (dict(self),))
+
+
+def lazy_enabled() -> bool:
+    """Whether a padder output made now may hold pending leaves (see the module)."""
+    return not torch.is_inference_mode_enabled() and not torch.compiler.is_compiling()
+
+
+def trackable(value: object) -> bool:
+    """Whether a rollout leaf can be left pending: a plain tensor whose writes are counted."""
+    return (
+        type(value) is torch.Tensor
+        and not value.requires_grad
+        and not value.is_inference()
+        and value.layout == torch.strided
+    )
+
+
+def raw_leaves(td: TensorDictBase, prefix: tuple[str, ...] = ()):
+    """``(key, value)`` of every leaf of a tree of plain ``TensorDict`` s, nothing gathered.
+
+    ``value`` is a tensor, or a ``Pending`` leaf. Returns None where the tree holds another
+    kind of tensordict or a non-tensor leaf (the caller then takes ``td``'s own methods).
+    """
+    out = []
+    for key, value in dict.items(td._tensordict):
+        path = (*prefix, key)
+        kind = type(value)
+        if kind is torch.Tensor or kind is Pending:
+            out.append((path if len(path) > 1 else key, value))
+        elif kind is TensorDict:
+            inner = raw_leaves(value, path)
+            if inner is None:
+                return None
+            out.extend(inner)
+        else:
+            return None
+    return out
+
+
+def lazy_tree(source: dict, batch_size: torch.Size, device) -> TensorDict:
+    """A ``TensorDict`` of ``source`` (nested dicts of tensors and ``Pending``) with lazy dicts."""
+    level = {}
+    for key, value in source.items():
+        level[key] = lazy_tree(value, batch_size, device) if type(value) is dict else value
+    td = TensorDict._new_unsafe(batch_size=batch_size, device=device)
+    td._tensordict = LazyLeaves(level)
+    return td
+
+
+def has_pending(td: TensorDictBase) -> bool:
+    """Whether a tree of plain ``TensorDict`` s still holds a ``Pending`` leaf."""
+    leaves = raw_leaves(td) if type(td) is TensorDict else None
+    return bool(leaves) and any(type(value) is Pending for _, value in leaves)
+
+
+def shallow_copy(td: TensorDictBase) -> TensorDictBase:
+    """``td.copy()`` that leaves pending leaves pending (``td.copy()`` would gather them)."""
+    if not has_pending(td):
+        return td.copy()
+    return _copy_tree(td)
+
+
+def _copy_tree(td: TensorDict) -> TensorDict:
+    level = {}
+    for key, value in dict.items(td._tensordict):
+        level[key] = _copy_tree(value) if type(value) is TensorDict else value
+    out = TensorDict._new_unsafe(batch_size=td.batch_size, device=td.device)
+    out._tensordict = LazyLeaves(level)
+    return out
