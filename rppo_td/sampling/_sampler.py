@@ -183,7 +183,9 @@ class SequenceSampler:
     ``loss_mask``), indexed per minibatch, or a chunked ``[W, T]`` rollout (``sequence_id`` and
     ``sequence_offset`` from ``SequenceChunker``, no ``loss_mask``): then each minibatch is
     gathered straight from the rollout and no padded copy of the whole rollout is made.
-    Both give the same minibatches for the same generator state.
+    Both give the same minibatches for the same generator state. The padder's leaves that
+    nobody has read yet are read the same way: gathered per minibatch straight from the
+    rollout, and left as they were in ``td`` (``SequencePadder``).
 
     With ``reuse_memory=True`` (rollout input only, gathered minibatch by minibatch) all
     minibatches of one epoch are written into one buffer sized for the largest: no fresh memory
@@ -211,7 +213,9 @@ class SequenceSampler:
     checks raise there); the data is read as the minibatches are asked for: all of it at the
     first one when the epoch is gathered at once, minibatch by minibatch otherwise. So
     changes to the input made before the first minibatch is asked for are seen either way;
-    change it during an epoch and which minibatches see the change depends on the mode.
+    change it during an epoch and which minibatches see the change depends on the mode. (A
+    padder output's leaves not read yet are the rollout's values at padding time: a rollout
+    leaf written in place since is refused by name, see ``SequencePadder``.)
 
     **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
 

@@ -35,10 +35,18 @@ class SequencePadder(RolloutTransform):
     ``time_index`` and ``rollout_steps`` (``[N, Lp]`` int64: the step's row and column in the
     rollout, and the rollout's ``W * T``; 0 on padding). The input is not modified. Position 0
     of each sequence holds the rollout's values at its first step, recurrent state included.
-    On CPU the output's leaves are written into memory the padder reuses from its earlier
-    outputs once nothing holds them any more (``del`` them or let them go), which spares a
-    large rollout the kernel's first touch of fresh pages every update: build the padder
-    once and call it every update.
+    **The rollout's leaves are gathered when first read.** The output is a plain
+    ``TensorDict`` holding every key at once, but each rollout leaf is regrouped only when
+    something reads it (``td[key]``, ``items()``, indexing, ``clone()``, ``to()``, ...), once;
+    ``SequenceSampler`` reads the leaves not gathered yet without gathering them, straight
+    from the rollout per minibatch, so padding then sampling costs one gather, not two. Such a
+    leaf stands for the rollout's values at padding time: a rollout leaf written in place
+    since (its version counter moved) is refused with a ``ValueError`` naming the key when it
+    is read. Leaves that require grad, inference tensors, and outputs made in inference mode
+    or under ``torch.compile`` are gathered at once. On CPU the gathered leaves are written
+    into memory the padder reuses from its earlier outputs once nothing holds them any more
+    (``del`` them or let them go), which spares a large rollout the kernel's first touch of
+    fresh pages every update: build the padder once and call it every update.
 
     Refused with a ``ValueError`` naming the key: a tensordict that is padded already
     (``loss_mask`` present), a rollout that already holds ``worker_index``, ``time_index`` or

@@ -193,7 +193,7 @@ def test_output_is_a_plain_tensordict_whose_rollout_leaves_wait_to_be_read():
     assert type(padded) is TensorDict and type(padded["next"]) is TensorDict
     rollout_keys = set(td.keys(True, True))
     assert _pending(padded) == rollout_keys
-    assert "observation" in padded.keys() and ("next", "reward") in padded.keys(True)
+    assert "observation" in padded.keys() and ("next", "reward") in padded.keys(True)  # noqa: SIM118
     value = padded["observation"]
     assert _pending(padded) == rollout_keys - {"observation"}
     assert padded["observation"] is value  # gathered once, then kept
@@ -201,7 +201,7 @@ def test_output_is_a_plain_tensordict_whose_rollout_leaves_wait_to_be_read():
     padded["action"] = torch.zeros(padded.shape, dtype=torch.int64)
     del padded["pixels"]
     assert _pending(padded) == rollout_keys - {"observation", "action", "pixels"}
-    assert not padded["action"].any() and "pixels" not in padded.keys()
+    assert not padded["action"].any() and "pixels" not in padded.keys()  # noqa: SIM118
 
 
 def test_read_in_inference_mode_gives_an_ordinary_tensor():
