@@ -7,8 +7,9 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
   a trainer consumes them one at a time).
 - ``rppo_td reuse``: the same with ``SequenceSampler(reuse_memory=True)``: every minibatch of
   the epoch is written into one buffer (what the trainer uses), so no fresh pages per minibatch.
-- ``rppo_td padded``: the same, but through ``SequencePadder`` first (a padded copy of the
-  whole rollout) and the sampler indexing that copy.
+- ``rppo_td padded``: the README's composition: the same, but through ``SequencePadder``
+  first and the sampler over its output (whose leaves, not read by anyone before the sampler,
+  are gathered per minibatch straight from the rollout: the padder makes no copy).
 - ``loop reference``: ``rppo_td.testing.reference`` (GAE, episode ids, sequences and padding by
   Python loops), then the same epoch of minibatches by indexing its padded output. CPU only; timed
   once, after the others.

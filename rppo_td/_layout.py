@@ -326,7 +326,7 @@ def gather_sequences(
     return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
 
 
-def put_leaf(source: dict, key: NestedKey, value: torch.Tensor) -> None:
+def put_leaf(source: dict, key: NestedKey, value: torch.Tensor | Pending) -> None:
     """``source[key] = value`` for a nested key, creating the sub-dicts on the way."""
     path = key if isinstance(key, tuple) else (key,)
     for part in path[:-1]:

@@ -30,7 +30,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from rppo_td._buffers import OutputPool
-from rppo_td.functional._padding import pad_rows
+from rppo_td.functional import pad_rows
 
 __all__ = ["LazyLeaves", "Pending", "PaddedGather", "lazy_enabled", "raw_leaves", "trackable"]
 
@@ -247,7 +247,7 @@ def lazy_tree(source: dict, batch_size: torch.Size, device) -> TensorDict:
 def has_pending(td: TensorDictBase) -> bool:
     """Whether a tree of plain ``TensorDict`` s still holds a ``Pending`` leaf."""
     leaves = raw_leaves(td) if type(td) is TensorDict else None
-    return bool(leaves) and any(type(value) is Pending for _, value in leaves)
+    return leaves is not None and any(type(value) is Pending for _, value in leaves)
 
 
 def shallow_copy(td: TensorDictBase) -> TensorDictBase:
