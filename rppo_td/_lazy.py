@@ -236,9 +236,15 @@ def raw_leaves(td: TensorDictBase, prefix: tuple[str, ...] = ()):
 
 def lazy_tree(source: dict, batch_size: torch.Size, device) -> TensorDict:
     """A ``TensorDict`` of ``source`` (nested dicts of tensors and ``Pending``) with lazy dicts."""
-    level = {}
-    for key, value in source.items():
-        level[key] = lazy_tree(value, batch_size, device) if type(value) is dict else value
+    level = {
+        key: lazy_tree(value, batch_size, device) if type(value) is dict else value
+        for key, value in source.items()
+    }
+    return _with_lazy_leaves(level, batch_size, device)
+
+
+def _with_lazy_leaves(level: dict, batch_size: torch.Size, device) -> TensorDict:
+    """A ``TensorDict`` whose leaf dict is ``LazyLeaves(level)`` (``level``: one level)."""
     td = TensorDict._new_unsafe(batch_size=batch_size, device=device)
     td._tensordict = LazyLeaves(level)
     return td
@@ -258,9 +264,8 @@ def shallow_copy(td: TensorDictBase) -> TensorDictBase:
 
 
 def _copy_tree(td: TensorDict) -> TensorDict:
-    level = {}
-    for key, value in dict.items(td._tensordict):
-        level[key] = _copy_tree(value) if type(value) is TensorDict else value
-    out = TensorDict._new_unsafe(batch_size=td.batch_size, device=td.device)
-    out._tensordict = LazyLeaves(level)
-    return out
+    level = {
+        key: _copy_tree(value) if type(value) is TensorDict else value
+        for key, value in dict.items(td._tensordict)
+    }
+    return _with_lazy_leaves(level, td.batch_size, td.device)

@@ -99,18 +99,13 @@ def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
     not gathered here).
     """
     leaves = raw_leaves(td) if type(td) is TensorDict else None
-    if leaves is not None:
-        size, grad = 0, False
-        for _, value in leaves:
-            if type(value) is Pending:
-                size += value.nbytes
-            else:
-                size += value.numel() * value.element_size()
-                grad = grad or value.requires_grad
-        return size, grad
+    if leaves is None:
+        leaves = td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
     size, grad = 0, False
-    for _, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
-        if isinstance(value, torch.Tensor):
+    for _, value in leaves:
+        if type(value) is Pending:
+            size += value.nbytes
+        elif isinstance(value, torch.Tensor):
             size += value.numel() * value.element_size()
             grad = grad or value.requires_grad
     return size, grad
