@@ -17,6 +17,7 @@ near 0.5 and a cue fades by about ``2**-9`` over the 9 steps before the comparis
 
     python benchmarks/memory_readout.py                 # head_layers 0/1 x forget_bias 0/5
     python benchmarks/memory_readout.py --quick         # one seed, few iterations
+    python benchmarks/memory_readout.py --head-layers 1 --forget-bias 5 --encoder-skip 0 1
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def batch(size: int, length: int, generator: torch.Generator) -> tuple[TensorDic
 
 
 def first_solved(
-    head_layers: int, forget_bias: float, seed: int, args: argparse.Namespace
+    head_layers: int, forget_bias: float, encoder_skip: bool, seed: int, args: argparse.Namespace
 ) -> int | None:
     """The first iteration whose fresh batch is classified without error, or None."""
     torch.manual_seed(seed)
@@ -61,6 +62,7 @@ def first_solved(
         hidden_size=args.hidden_size,
         head_layers=head_layers,
         forget_bias=forget_bias,
+        encoder_skip=encoder_skip,
         shared_critic=True,
     )
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate)
@@ -82,6 +84,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--head-layers", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--forget-bias", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument(
+        "--encoder-skip",
+        type=int,
+        nargs="+",
+        choices=[0, 1],
+        default=[0],
+        help="1: the heads also read the encoder's features (RecurrentActorCritic encoder_skip)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--length", type=int, default=9, help="steps from cue a to cue b")
@@ -97,24 +107,27 @@ def main() -> None:
     results = []
     for head_layers in args.head_layers:
         for forget_bias in args.forget_bias:
-            for seed in args.seeds:
-                start = time.perf_counter()
-                solved = first_solved(head_layers, forget_bias, seed, args)
-                seconds = time.perf_counter() - start
-                results.append(
-                    {
-                        "head_layers": head_layers,
-                        "forget_bias": forget_bias,
-                        "seed": seed,
-                        "solved_at": solved,
-                    }
-                )
-                shown = "not within" if solved is None else f"at iteration {solved} of"
-                print(
-                    f"head_layers={head_layers} forget_bias={forget_bias:g} seed={seed}: "
-                    f"solved {shown} {args.iterations} ({seconds:.0f} s)",
-                    flush=True,
-                )
+            for skip in args.encoder_skip:
+                for seed in args.seeds:
+                    start = time.perf_counter()
+                    solved = first_solved(head_layers, forget_bias, bool(skip), seed, args)
+                    seconds = time.perf_counter() - start
+                    results.append(
+                        {
+                            "head_layers": head_layers,
+                            "forget_bias": forget_bias,
+                            "encoder_skip": bool(skip),
+                            "seed": seed,
+                            "solved_at": solved,
+                        }
+                    )
+                    shown = "not within" if solved is None else f"at iteration {solved} of"
+                    print(
+                        f"head_layers={head_layers} forget_bias={forget_bias:g} "
+                        f"encoder_skip={skip} seed={seed}: "
+                        f"solved {shown} {args.iterations} ({seconds:.0f} s)",
+                        flush=True,
+                    )
     name = args.output or ("memory_readout_quick" if args.quick else "memory_readout")
     write_json(name, {"settings": vars(args), "results": results})
 

@@ -44,7 +44,11 @@ def _mlp_head(in_features: int, hidden: int, layers: int, out: int, gain: float)
 
 
 class _Trunk(nn.Module):
-    """Encoder then LSTM/GRU (or nothing): obs ``[N, L]`` -> features ``[N, L, H]``."""
+    """Encoder then LSTM/GRU (or nothing): obs ``[N, L]`` -> features ``[N, L, F]``.
+
+    ``F`` (``out_features``) is ``H``, or ``2 * H`` with ``encoder_skip``: the core's output
+    then the encoder's features of the same step.
+    """
 
     def __init__(
         self,
@@ -54,8 +58,11 @@ class _Trunk(nn.Module):
         num_layers: int,
         forget_bias: float = 0.0,
         image_layout: ImageLayout = "auto",
+        encoder_skip: bool = False,
     ) -> None:
         super().__init__()
+        self.encoder_skip = encoder_skip and recurrence != "none"
+        self.out_features = hidden_size * (2 if self.encoder_skip else 1)
         self.encoder = ObservationEncoder(
             leaves, hidden_size=hidden_size, image_layout=image_layout
         )
@@ -88,11 +95,23 @@ class _Trunk(nn.Module):
                 starts from ``state[:, 0]``).
 
         Returns:
-            ``([N, L, H], final states [N, layers, H])``.
+            ``([N, L, F], final states [N, layers, H])``.
         """
         features = self.encoder(obs)
         if self.core is None:
             return features, ()
+        out, final = self._core(features, state, restart)
+        if self.encoder_skip:
+            out = torch.cat((out, features), dim=-1)
+        return out, final
+
+    def _core(
+        self,
+        features: torch.Tensor,
+        state: tuple[torch.Tensor, ...],
+        restart: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The core over encoder ``features`` ``[N, L, H]``: ``([N, L, H], final states)``."""
         if restart is None:
             return self._run(features, state)
         # a restart inside a row: step through the positions (rare in training batches,
@@ -211,6 +230,11 @@ class RecurrentActorCritic(nn.Module):
             ``2**-k`` over ``k`` steps before training has taught the core to keep it; 3 to 5
             keep it from the start (a cue-comparison task is learnt several times faster,
             ``benchmarks/memory_readout.py``). LSTM only.
+        encoder_skip: the heads read the encoder's features of the current step beside the
+            core's output (``2 * hidden_size`` inputs), so what is in view reaches them in
+            one linear map and the core is left to carry only what must be remembered
+            (a cue-comparison task is learnt about 3x faster, ``benchmarks/memory_readout.py
+            --encoder-skip``). No effect with ``recurrence="none"``.
         shared_critic: one encoder and core for both heads; False (default) gives the critic
             its own, so value-loss gradients never move the policy's features.
         normalize_observations: standardise float vector leaves with running statistics
@@ -241,6 +265,7 @@ class RecurrentActorCritic(nn.Module):
         num_layers: int = 1,
         head_layers: int = 1,
         forget_bias: float = 0.0,
+        encoder_skip: bool = False,
         shared_critic: bool = False,
         normalize_observations: bool = True,
         image_layout: ImageLayout = "auto",
@@ -270,15 +295,17 @@ class RecurrentActorCritic(nn.Module):
         self.action_space = action_space
         self.leaves = observation_leaves(observation_space)
         self.normalizer = ObservationNormalizer(self.leaves) if normalize_observations else None
+        self.encoder_skip = encoder_skip and recurrence != "none"
         trunk_args = (self.leaves, recurrence, hidden_size, num_layers, forget_bias, image_layout)
-        self.actor_trunk = _Trunk(*trunk_args)
-        self.critic_trunk = None if shared_critic else _Trunk(*trunk_args)
-        self.action_head = make_action_head(action_space, hidden_size)
+        self.actor_trunk = _Trunk(*trunk_args, encoder_skip)
+        self.critic_trunk = None if shared_critic else _Trunk(*trunk_args, encoder_skip)
+        features = self.actor_trunk.out_features
+        self.action_head = make_action_head(action_space, hidden_size if head_layers else features)
         # head_layers ReLU layers, then the action head's linear map: the policy is as deep
         # as the value head (a nonlinear read-out of the core, which tasks that compare a
         # memory with what is in view need)
-        self.policy_mlp: nn.Module = _hidden_layers(hidden_size, hidden_size, head_layers)
-        self.value_head = _mlp_head(hidden_size, hidden_size, head_layers, 1, 1.0)
+        self.policy_mlp: nn.Module = _hidden_layers(features, hidden_size, head_layers)
+        self.value_head = _mlp_head(features, hidden_size, head_layers, 1, 1.0)
 
     @property
     def observation_keys(self) -> list[NestedKey]:

@@ -157,6 +157,12 @@ class TrainConfig:
         low=-100.0,
         high=100.0,
     )
+    encoder_skip: bool = _doc(
+        "the heads also read the encoder's features of the current step (beside the core's "
+        "output), leaving the core to carry only what must be remembered; no effect without "
+        "recurrence",
+        default=False,
+    )
     normalize_observations: bool = _doc(
         "standardise vector observations (running stats)", default=True
     )

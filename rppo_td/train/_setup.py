@@ -35,6 +35,7 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
         num_layers=config.num_layers,
         head_layers=config.head_layers,
         forget_bias=config.forget_bias,
+        encoder_skip=config.encoder_skip,
         shared_critic=config.shared_critic,
         normalize_observations=config.normalize_observations,
         image_layout=config.image_layout,

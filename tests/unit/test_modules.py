@@ -111,11 +111,12 @@ def test_step_and_recurrent_shapes(obs_name, act_name, recurrence):
 @given(
     recurrence=st.sampled_from(["lstm", "gru"]),
     shared=st.booleans(),
+    skip=st.booleans(),
     workers=st.integers(1, 3),
     steps=st.integers(1, 7),
     data=st.data(),
 )
-def test_recurrent_mode_equals_the_step_by_step_run(recurrence, shared, workers, steps, data):
+def test_recurrent_mode_equals_the_step_by_step_run(recurrence, shared, skip, workers, steps, data):
     # any is_init pattern: a row restarts from the stored state where is_init is True
     torch.manual_seed(0)
     net = RecurrentActorCritic(
@@ -125,6 +126,7 @@ def test_recurrent_mode_equals_the_step_by_step_run(recurrence, shared, workers,
         hidden_size=8,
         num_layers=2,
         shared_critic=shared,
+        encoder_skip=skip,
     )
     flags = data.draw(st.lists(st.booleans(), min_size=workers * steps, max_size=workers * steps))
     is_init = torch.tensor(flags).view(workers, steps, 1)
@@ -405,6 +407,52 @@ def test_the_policy_reads_the_core_through_head_layers_relu_layers(head_layers, 
         # an affine map f has f(a) + f(b) == f(a + b) + f(0)
         gap = (logits(a) + logits(b) - logits(a + b) - logits(torch.zeros_like(a))).abs().max()
     assert (gap > 1e-5) == (head_layers > 0)
+
+
+@given(
+    recurrence=st.sampled_from(["lstm", "gru", "none"]),
+    head_layers=st.integers(0, 2),
+    shared=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=20, deadline=None)
+def test_encoder_skip_gives_the_heads_the_core_output_and_this_steps_encoder_features(
+    recurrence, head_layers, shared, seed
+):
+    """With ``encoder_skip`` both heads read ``cat(core output, encoder features)`` of each
+    step, ``[N, L, 2H]``; without recurrence there is no core and nothing changes."""
+    kwargs = dict(recurrence=recurrence, hidden_size=8, head_layers=head_layers)
+    torch.manual_seed(seed)
+    net = RecurrentActorCritic(
+        BOX, ACTIONS["discrete"], encoder_skip=True, shared_critic=shared, **kwargs
+    )
+    obs = net.normalize(_batch(BOX, (3, 5)))
+    width = 16 if recurrence != "none" else 8
+    first = next(m for m in net.value_head.modules() if isinstance(m, torch.nn.Linear))
+    assert first.in_features == width
+    if recurrence == "none":
+        torch.manual_seed(seed)
+        plain = RecurrentActorCritic(BOX, ACTIONS["discrete"], shared_critic=shared, **kwargs)
+        assert {n: p.shape for n, p in net.named_parameters()} == {
+            n: p.shape for n, p in plain.named_parameters()
+        }
+        return
+    state = tuple(torch.randn(3, *net.state_shape) for _ in net.actor_state_keys)
+    with torch.no_grad():
+        for trunk in {net.actor_trunk, net.critic_trunk or net.actor_trunk}:
+            encoded = trunk.encoder(obs)
+            core = trunk.core(
+                encoded,
+                tuple(s.transpose(0, 1).contiguous() for s in state)
+                if recurrence == "lstm"
+                else state[0].transpose(0, 1).contiguous(),
+            )
+            features, _ = trunk(obs, state)
+            torch.testing.assert_close(features, torch.cat((core[0], encoded), dim=-1))
+        dist, _ = net.policy(obs, state, normalized=True)
+        features, _ = net.actor_trunk(obs, state)
+        expected = net.action_head(net.policy_mlp(features))
+        torch.testing.assert_close(dist.base.logits, expected.base.logits)
 
 
 @given(
