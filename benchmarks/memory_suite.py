@@ -212,17 +212,43 @@ def preset_setting(preset: str, name: str) -> object:
     return load_yaml(preset, preset=True).get(name, getattr(TrainConfig(), name))
 
 
+# settings that say where and how a run was made, not what it learnt
+_LOCATION_SETTINGS = frozenset(
+    {"seed", "output", "resume", "overwrite", "progress", "log_level", "checkpoint_every"}
+    | {"threads", "device", "env_processes"}
+)
+
+
+def imported_overrides(task: str, config: dict) -> dict[str, str]:
+    """The settings of a run's ``config`` that differ from the task's preset, as flags.
+
+    A run made with other settings than the preset's is recorded with them, so the report
+    groups it apart ("flags over the preset") instead of counting it as the preset's.
+    """
+    preset = TASKS[task].preset
+    return {
+        name.replace("_", "-"): str(value)
+        for name, value in sorted(config.items())
+        if name not in _LOCATION_SETTINGS and value != preset_setting(preset, name)
+    }
+
+
 def import_run(task: str, seed: int, directory: Path) -> dict:
-    """A finished run directory of the task's preset (``summary.json``, ``metrics.csv``)."""
+    """A finished run directory of the task (``summary.json``, ``metrics.csv``).
+
+    Its config is compared with the task's preset: the settings that differ become the
+    run's ``overrides``, as if they had been given as flags.
+    """
     summary = json.loads((directory / "summary.json").read_text())
     config = summary.get("config", {})
     if config.get("seed") != seed:
         raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
     curve = read_curve(directory / "metrics.csv")
+    overrides = imported_overrides(task, config)
     result = {
         "task": task,
         "seed": seed,
-        "overrides": {},
+        "overrides": overrides,
         "command": f"imported from {directory} (summary.json config: {json.dumps(config)})",
         "returncode": 0,
         "eval_return": summary["eval_return_mean"],

@@ -119,3 +119,60 @@ def test_robustness_quick() -> None:
     assert 0.0 <= low <= result["solved"] / 2 <= high <= 1.0
     for row in result["rows"]:
         assert row["env_steps"] == 2048 and row["wall_time_s"] > 0
+
+
+def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_preset(
+    tmp_path: Path,
+) -> None:
+    """``--import-run`` of a run made with other settings than the preset's labels it with
+    them, so the report never counts it as the preset's run."""
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    preset = load_yaml("poc_memory", preset=True)
+    base = {**vars(TrainConfig()), **preset, "seed": 3, "threads": 2, "output": "elsewhere"}
+    output = "test_memory_suite_import"
+    path = RESULTS / f"{output}.json"
+    cases = (
+        ("same", base, {}),
+        (
+            "other",
+            {**base, "epochs": 7, "encoder_skip": True},
+            {"encoder-skip": "True", "epochs": "7"},
+        ),
+    )
+    try:
+        for name, config, expected in cases:
+            run = tmp_path / name
+            run.mkdir()
+            summary = {"config": config, "eval_return_mean": 1.0, "eval_return_std": 0.0}
+            (run / "summary.json").write_text(
+                json.dumps({**summary, "env_steps": 2048, "wall_time_s": 2.0})
+            )
+            (run / "metrics.csv").write_text(
+                "env_steps,wall_time_s,episode_return_mean\n1024,1.0,0.5\n2048,2.0,1.2\n"
+            )
+            script = str(REPO / "benchmarks" / "memory_suite.py")
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    script,
+                    "--output",
+                    output,
+                    "--import-run",
+                    "poc-memory",
+                    "3",
+                    str(run),
+                ],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            (imported,) = json.loads(path.read_text())["runs"].values()  # one key per seed
+            assert imported["overrides"] == expected
+            assert imported["steps_to_target"] == 2048
+    finally:
+        path.unlink(missing_ok=True)
