@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def run_quick(script: str, output: str) -> dict:
+def run_script(script: str, *args: str) -> None:
+    """Runs ``benchmarks/<script> args`` and checks that it succeeded."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--output", output],
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -23,6 +24,10 @@ def run_quick(script: str, output: str) -> dict:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def run_quick(script: str, output: str) -> dict:
+    run_script(script, "--quick", "--output", output)
     path = RESULTS / f"{output}.json"
     try:
         return json.loads(path.read_text())
@@ -152,25 +157,9 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             (run / "metrics.csv").write_text(
                 "env_steps,wall_time_s,episode_return_mean\n1024,1.0,0.5\n2048,2.0,1.2\n"
             )
-            script = str(REPO / "benchmarks" / "memory_suite.py")
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    script,
-                    "--output",
-                    output,
-                    "--import-run",
-                    "poc-memory",
-                    "3",
-                    str(run),
-                ],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
+            run_script(
+                "memory_suite.py", "--output", output, "--import-run", "poc-memory", "3", str(run)
             )
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             (imported,) = json.loads(path.read_text())["runs"].values()  # one key per seed
             assert imported["overrides"] == expected
             assert imported["steps_to_target"] == 2048
