@@ -196,6 +196,12 @@ class TrainConfig:
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
     clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=10.0)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
+    anneal_steps: int = _doc(
+        "env steps over which anneal_lr and anneal_clip decay to 0 (0: total_steps); more "
+        "than total_steps ends the run part way down, as a longer run would be at that point",
+        default=0,
+        low=0,
+    )
     reward_scale: float = _doc(
         "rewards are multiplied by this for learning (logged returns stay the env's)",
         default=1.0,
@@ -320,6 +326,13 @@ class TrainConfig:
                 f"forget_bias={self.forget_bias} sets an LSTM's forget gate; "
                 f"recurrence={self.recurrence!r} has none (use forget_bias=0 or recurrence='lstm')"
             )
+        if self.anneal_steps and self.anneal_steps < self.steps_per_update:
+            raise ValueError(
+                f"anneal_steps={self.anneal_steps} is shorter than one update: the schedule "
+                f"moves once per update of num_workers * rollout_steps = "
+                f"{self.steps_per_update} steps; use anneal_steps=0 (total_steps) or >= "
+                f"{self.steps_per_update}"
+            )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
         if self.num_minibatches > fewest:
             raise ValueError(
@@ -338,6 +351,16 @@ class TrainConfig:
     def num_updates(self) -> int:
         """Updates in the run: ``total_steps // (W * T)``."""
         return self.total_steps // self.steps_per_update
+
+    @property
+    def anneal_updates(self) -> int:
+        """Updates over which the schedules fall to 0: ``anneal_steps // (W * T)``.
+
+        ``num_updates`` when ``anneal_steps`` is 0.
+        """
+        if not self.anneal_steps:
+            return self.num_updates
+        return self.anneal_steps // self.steps_per_update
 
     def output_dir(self) -> Path:
         """``output``, or ``runs/<env>-<recurrence>-s<seed>`` when empty."""

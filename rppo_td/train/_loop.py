@@ -352,7 +352,7 @@ class Trainer:
 
     def _schedule(self, update: int) -> tuple[float, float]:
         c = self.config
-        remaining = 1.0 - update / self.num_updates
+        remaining = max(0.0, 1.0 - update / c.anneal_updates)
         lr = c.learning_rate * (remaining if c.anneal_lr else 1.0)
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
         return lr, max(clip, 1e-3)

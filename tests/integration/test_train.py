@@ -323,6 +323,28 @@ def test_observation_statistics_freeze_after_normalizer_steps(tmp_path):
     assert float(trainer.agent.normalizer.count) == 128
 
 
+@pytest.mark.parametrize("anneal_steps", [0, 256, 512, 1000])
+def test_learning_rate_and_clip_fall_linearly_to_zero_over_anneal_steps(tmp_path, anneal_steps):
+    """Both schedules fall by ``1 / anneal_updates`` an update (``anneal_steps // (W * T)``,
+    ``num_updates`` at 0): over ``total_steps`` they reach 0 after the last update; a longer
+    horizon leaves the run where a run of that length would be."""
+    trainer, config = _run(tmp_path, anneal_steps=anneal_steps, learning_rate=0.01)
+    trainer.run()
+    horizon = {0: 4, 256: 4, 512: 8, 1000: 15}[anneal_steps]  # 64 steps an update
+    assert config.anneal_updates == horizon
+    rows = _rows(tmp_path / "run")
+    assert len(rows) == config.num_updates == 4
+    for update, row in enumerate(rows):
+        remaining = 1 - update / horizon
+        assert float(row["learning_rate"]) == pytest.approx(0.01 * remaining)
+        assert float(row["clip_epsilon"]) == pytest.approx(max(0.2 * remaining, 1e-3))
+
+
+def test_anneal_steps_shorter_than_an_update_is_refused():
+    with pytest.raises(ValueError, match=r"anneal_steps=63 is shorter than one update.*64"):
+        TrainConfig(**{**TINY, "anneal_steps": 63}).validate()
+
+
 def test_output_directory_that_cannot_be_created(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
