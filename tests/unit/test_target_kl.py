@@ -96,7 +96,9 @@ def test_the_update_stops_after_the_first_epoch_over_target_kl(epochs, batches, 
     assert stats["epochs"] == expected
     ran = next(steps)
     assert ran == expected * batches  # no minibatch after the stop
-    assert stats["kl_approx"] == pytest.approx(sum(kls[:ran]) / ran)
+    # the scripted KLs are float32 tensors: a mean near 0 of terms near 0.02 is exact to
+    # about 1e-8 absolute, not relative
+    assert stats["kl_approx"] == pytest.approx(sum(kls[:ran]) / ran, rel=1e-6, abs=1e-7)
 
 
 def test_without_target_kl_every_epoch_runs_and_the_networks_train():
