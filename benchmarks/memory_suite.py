@@ -204,12 +204,17 @@ def is_default(result: dict) -> bool:
     return True
 
 
-def preset_setting(preset: str, name: str) -> object:
-    """Any setting of a preset (the TrainConfig default when the preset omits it)."""
+def preset_settings(preset: str) -> dict[str, object]:
+    """Every setting of a preset (the TrainConfig default where the preset omits one)."""
     from rppo_td.train import TrainConfig
     from rppo_td.train._cli import load_yaml
 
-    return load_yaml(preset, preset=True).get(name, getattr(TrainConfig(), name))
+    return {**vars(TrainConfig()), **load_yaml(preset, preset=True)}
+
+
+def preset_setting(preset: str, name: str) -> object:
+    """Any setting of a preset (the TrainConfig default when the preset omits it)."""
+    return preset_settings(preset)[name]
 
 
 # settings that say where and how a run was made, not what it learnt
@@ -225,11 +230,11 @@ def imported_overrides(task: str, config: dict) -> dict[str, str]:
     A run made with other settings than the preset's is recorded with them, so the report
     groups it apart ("flags over the preset") instead of counting it as the preset's.
     """
-    preset = TASKS[task].preset
+    preset = preset_settings(TASKS[task].preset)
     return {
         name.replace("_", "-"): str(value)
         for name, value in sorted(config.items())
-        if name not in _LOCATION_SETTINGS and value != preset_setting(preset, name)
+        if name not in _LOCATION_SETTINGS and value != preset[name]
     }
 
 
