@@ -310,15 +310,17 @@ def gather_sequences(
         else:
             dest = None
         put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
-    # padding reads flat index 0, i.e. worker 0 at time 0: zero as every other key
-    # flat >= 0, so truncation is floor division (and cheaper)
-    worker = torch.div(flat, layout.time_steps, rounding_mode="trunc")
+    # A sequence lies in one worker row and position 0 is always real, so the row is read
+    # once per sequence ([B] division, not [B, Lp]) and broadcast; the products with the
+    # mask are 0 on padding, as every other key. flat >= 0: truncation is floor division.
+    row_start = torch.div(flat[:, 0], layout.time_steps, rounding_mode="trunc").unsqueeze(1)
     put_leaf(source, keys.loss_mask, mask)
-    put_leaf(source, keys.worker_index, worker)
-    put_leaf(source, keys.time_index, flat - worker * layout.time_steps)
+    put_leaf(source, keys.worker_index, torch.mul(mask, row_start))
+    row_start = row_start.mul_(layout.time_steps)
+    put_leaf(source, keys.time_index, torch.sub(flat, row_start).mul_(mask))
     # the rollout's identity, so that inv can refuse a subset of its sequences
     steps = layout.num_workers * layout.time_steps
-    put_leaf(source, keys.rollout_steps, torch.where(mask, steps, 0))
+    put_leaf(source, keys.rollout_steps, torch.mul(mask, steps))
     if deferred is not None:
         return lazy_tree(source, flat.shape, td.device)
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of
