@@ -638,7 +638,10 @@ def main(argv: list[str] | None = None) -> int:
     for task, seed, directory in args.import_run:
         if task not in TASKS:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
-        suite.runs[f"{task} seed={seed} imported"] = import_run(task, int(seed), Path(directory))
+        result = import_run(task, int(seed), Path(directory))
+        # keyed by its settings too: a run with other settings never replaces another's
+        key = Run(task, int(seed), tuple(result["overrides"].items())).key
+        suite.runs[f"{key} imported"] = result
         suite.save()
     words = args.flags.split()
     if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):

@@ -130,7 +130,8 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
     tmp_path: Path,
 ) -> None:
     """``--import-run`` of a run made with other settings than the preset's labels it with
-    them, so the report never counts it as the preset's run."""
+    them, so the report never counts it as the preset's run, and keys it by them: it never
+    replaces the preset's run of the same seed, and importing it again replaces itself."""
     from rppo_td.train import TrainConfig
     from rppo_td.train._cli import load_yaml
 
@@ -146,10 +147,15 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             {"encoder-skip": "True", "epochs": "7"},
         ),
     )
+    keys = {
+        "same": "poc-memory seed=3 imported",
+        "other": "poc-memory seed=3 --encoder-skip True --epochs 7 imported",
+    }
+    seen: set[str] = set()
     try:
-        for name, config, expected in cases:
+        for name, config, expected in cases * 2:
             run = tmp_path / name
-            run.mkdir()
+            run.mkdir(exist_ok=True)
             summary = {"config": config, "eval_return_mean": 1.0, "eval_return_std": 0.0}
             (run / "summary.json").write_text(
                 json.dumps({**summary, "env_steps": 2048, "wall_time_s": 2.0})
@@ -160,8 +166,11 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             run_script(
                 "memory_suite.py", "--output", output, "--import-run", "poc-memory", "3", str(run)
             )
-            (imported,) = json.loads(path.read_text())["runs"].values()  # one key per seed
-            assert imported["overrides"] == expected
-            assert imported["steps_to_target"] == 2048
+            runs = json.loads(path.read_text())["runs"]
+            # one key per seed and settings: the second pass replaces the first pass's runs
+            seen.add(keys[name])
+            assert set(runs) == seen
+            assert runs[keys[name]]["overrides"] == expected
+            assert runs[keys[name]]["steps_to_target"] == 2048
     finally:
         path.unlink(missing_ok=True)
