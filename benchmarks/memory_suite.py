@@ -197,11 +197,10 @@ def is_default(result: dict) -> bool:
     """A run with the task's preset as it is: no flags, or only flags equal to its values."""
     if result["returncode"] != 0 or result.get("total_steps_override"):
         return False
-    preset = TASKS[result["task"]].preset
-    for name, value in result["overrides"].items():
-        if str(preset_setting(preset, name.replace("-", "_"))) != value:
-            return False
-    return True
+    preset = preset_settings(TASKS[result["task"]].preset)
+    return all(
+        str(preset[name.replace("-", "_")]) == value for name, value in result["overrides"].items()
+    )
 
 
 def preset_settings(preset: str) -> dict[str, object]:

@@ -311,13 +311,12 @@ def gather_sequences(
             dest = None
         put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
     # A sequence lies in one worker row and position 0 is always real, so the row is read
-    # once per sequence ([B] division, not [B, Lp]) and broadcast; the products with the
+    # once per sequence ([B, 1] division, not [B, Lp]) and broadcast; the products with the
     # mask are 0 on padding, as every other key. flat >= 0: truncation is floor division.
-    row_start = torch.div(flat[:, 0], layout.time_steps, rounding_mode="trunc").unsqueeze(1)
+    worker = torch.div(flat[:, :1], layout.time_steps, rounding_mode="trunc")
     put_leaf(source, keys.loss_mask, mask)
-    put_leaf(source, keys.worker_index, torch.mul(mask, row_start))
-    row_start = row_start.mul_(layout.time_steps)
-    put_leaf(source, keys.time_index, torch.sub(flat, row_start).mul_(mask))
+    put_leaf(source, keys.worker_index, torch.mul(mask, worker))
+    put_leaf(source, keys.time_index, torch.sub(flat, worker * layout.time_steps).mul_(mask))
     # the rollout's identity, so that inv can refuse a subset of its sequences
     steps = layout.num_workers * layout.time_steps
     put_leaf(source, keys.rollout_steps, torch.mul(mask, steps))
