@@ -164,7 +164,9 @@ class TrainConfig:
         default=False,
     )
     normalize_observations: bool = _doc(
-        "standardise vector observations (running stats)", default=True
+        "standardise float vector (Box) observations with running stats; discrete "
+        "(one-hot encoded) and uint8 image observations pass through unchanged",
+        default=True,
     )
     image_layout: Literal["auto", "channels_first", "channels_last"] = _doc(
         "channel axis of uint8 image observations: auto reads it from the shape (the end "
