@@ -136,8 +136,26 @@ def environment() -> dict:
         "torch": torch.__version__,
         "torchrl": torchrl.__version__,
         "machine": platform.machine(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``.
+
+    Recorded with each run: the same seed takes another path on another CPU model (the
+    floating-point results differ in the last bits and the runs fork), so a run of one
+    machine never stands in for, or replaces, the same seed's run of another.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _sequence_flags(length: str, rollout_steps: int) -> tuple[tuple[str, str], ...]:
@@ -262,6 +280,8 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
         "load_before": None,
         "load_after": None,
         "curve": curve,
+        # runs are imported on the machine that made them (their directories are local)
+        "cpu": cpu_model(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     result.update(first_reach(curve, TASKS[task].target))
@@ -293,6 +313,7 @@ def run_one(run: Run, workdir: Path) -> dict:
         "process_s": round(process_s, 2),
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
+        "cpu": cpu_model(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if proc.returncode != 0:
@@ -411,6 +432,14 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
     return groups
 
 
+def _seed_label(run: dict, group: list[dict]) -> str:
+    """``s1``, or ``s1 (CPU model)`` where the group holds that seed from two machines."""
+    label = f"s{run['seed']}"
+    if sum(r["seed"] == run["seed"] for r in group) > 1:
+        label += f" ({run.get('cpu', 'CPU not recorded')})"
+    return label
+
+
 def task_table(suite: Suite) -> list[str]:
     lines = [
         "| task | flags over the preset | target | budget | final eval: mean (min to max) "
@@ -423,7 +452,7 @@ def task_table(suite: Suite) -> list[str]:
         evals = [r["eval_return"] for r in results]
         solved = sum(value >= task.target for value in evals)
         reached = sum(r["steps_to_target"] is not None for r in results)
-        per_seed = ", ".join(f"s{r['seed']}: {r['eval_return']:.4g}" for r in results)
+        per_seed = ", ".join(f"{_seed_label(r, results)}: {r['eval_return']:.4g}" for r in results)
         n = len(results)
         lines.append(
             f"| {task.name} | {f'`{flags}`' if flags else '-'} | {task.target:g} | "
@@ -541,7 +570,9 @@ def report(suite: Suite, results_page: Path) -> None:
         "the trainer's (collection and updates), and rises with the load of parallel runs "
         "(recorded per run in the JSON). Steps and seconds to the target are read off the "
         "training return (the mean of the last 20 episodes, stochastic policy); the final "
-        "eval is deterministic, over the preset's evaluation episodes.",
+        "eval is deterministic, over the preset's evaluation episodes. Each run records its "
+        "CPU model (`cpu` in the JSON, from 2026-12-04 on): a seed's run on one CPU model "
+        "takes another path than on another, so a seed run on two appears twice, labelled.",
         "",
         *task_table(suite),
         "",
@@ -638,9 +669,10 @@ def main(argv: list[str] | None = None) -> int:
         if task not in TASKS:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
         result = import_run(task, int(seed), Path(directory))
-        # keyed by its settings too: a run with other settings never replaces another's
+        # keyed by its settings and CPU too: a run with other settings, or made on another
+        # CPU model (where the same seed takes another path), never replaces another's
         key = Run(task, int(seed), tuple(result["overrides"].items())).key
-        suite.runs[f"{key} imported"] = result
+        suite.runs[f"{key} imported on {result['cpu']}"] = result
         suite.save()
     words = args.flags.split()
     if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):

@@ -130,8 +130,9 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
     tmp_path: Path,
 ) -> None:
     """``--import-run`` of a run made with other settings than the preset's labels it with
-    them, so the report never counts it as the preset's run, and keys it by them: it never
-    replaces the preset's run of the same seed, and importing it again replaces itself."""
+    them, so the report never counts it as the preset's run, and keys it by them and by the
+    CPU model: it never replaces the preset's run of the same seed, nor a run of the same seed
+    and settings recorded on another machine, and importing it again replaces itself."""
     from rppo_td.train import TrainConfig
     from rppo_td.train._cli import load_yaml
 
@@ -147,11 +148,21 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             {"encoder-skip": "True", "epochs": "7"},
         ),
     )
+    sys.path.insert(0, str(RESULTS.parent))
+    try:
+        from memory_suite import cpu_model
+    finally:
+        sys.path.pop(0)
+    here = f" imported on {cpu_model()}"
     keys = {
-        "same": "poc-memory seed=3 imported",
-        "other": "poc-memory seed=3 --encoder-skip True --epochs 7 imported",
+        "same": f"poc-memory seed=3{here}",
+        "other": f"poc-memory seed=3 --encoder-skip True --epochs 7{here}",
     }
-    seen: set[str] = set()
+    # a record of the same seed and settings from another machine, in the key format of
+    # before CPU models were recorded: it must survive the imports
+    elsewhere = "poc-memory seed=3 --encoder-skip True --epochs 7 imported"
+    path.write_text(json.dumps({"runs": {elsewhere: {"task": "poc-memory", "seed": 3}}}))
+    seen: set[str] = {elsewhere}
     try:
         for name, config, expected in cases * 2:
             run = tmp_path / name
