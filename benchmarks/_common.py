@@ -262,9 +262,27 @@ def environment() -> dict[str, object]:
         "torchrl": torchrl.__version__,
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``.
+
+    Recorded with each run: the same seed takes another path on another CPU model (the
+    floating-point results differ in the last bits and the runs fork), so a run of one
+    machine never stands in for, or replaces, the same seed's run of another.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def run_trainer(args: list[str], out: Path) -> tuple[dict[str, object], dict | None]:

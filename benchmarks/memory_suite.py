@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from _common import cpu_model
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
@@ -139,23 +141,6 @@ def environment() -> dict:
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
     }
-
-
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else ``platform.processor()``.
-
-    Recorded with each run: the same seed takes another path on another CPU model (the
-    floating-point results differ in the last bits and the runs fork), so a run of one
-    machine never stands in for, or replaces, the same seed's run of another.
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _sequence_flags(length: str, rollout_steps: int) -> tuple[tuple[str, str], ...]:
