@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from rppo_td._validation import check_dtype, check_not_meta, check_tensors
+from rppo_td._validation import (
+    check_dtype,
+    check_not_meta,
+    check_shape,
+    check_tensors,
+    check_values,
+)
 
 __all__ = ["burn_in_lengths", "burn_in_window", "episode_first_steps"]
 
@@ -47,7 +53,7 @@ def burn_in_lengths(
     """How many earlier steps of its episode each sequence is warmed up with.
 
     Args:
-        start_time: ``[N]`` int64, the column of each sequence's first step.
+        start_time: ``[N]`` int64 ``>= 0``, the column of each sequence's first step.
         episode_first_step: ``[N]`` int64, the column of the first step of its episode in the
             rollout (``episode_first_steps`` at the sequence's first step), ``<= start_time``.
         burn_in: ``K >= 0``, the most steps.
@@ -55,6 +61,11 @@ def burn_in_lengths(
     Returns:
         ``[N]`` int64 ``min(K, start_time - episode_first_step)``: ``0`` for a sequence that
         starts an episode (or the rollout).
+
+    Raises:
+        ValueError: a bad ``burn_in``, a shape or dtype other than ``[N]`` int64 for either
+            tensor (never broadcast), a negative ``start_time``, or an ``episode_first_step``
+            after its ``start_time``.
 
     Example:
         >>> burn_in_lengths(torch.tensor([0, 4, 9]), torch.tensor([0, 2, 0]), 4)
@@ -64,9 +75,18 @@ def burn_in_lengths(
     _check_ndim({"start_time": start_time, "episode_first_step": episode_first_step}, 1)
     check_dtype("start_time", start_time, torch.int64)
     check_dtype("episode_first_step", episode_first_step, torch.int64)
+    check_shape("episode_first_step", episode_first_step, start_time.shape)
     gap = start_time - episode_first_step
-    if bool((gap < 0).any()):
-        raise ValueError("episode_first_step must be <= start_time for every sequence")
+    check_values(
+        {},
+        [
+            (
+                (start_time >= 0).all(),
+                lambda: f"start_time must be >= 0, got {int(start_time.min())}",
+            ),
+            ((gap >= 0).all(), "episode_first_step must be <= start_time for every sequence"),
+        ],
+    )
     return gap.clamp(max=burn_in)
 
 
@@ -87,6 +107,10 @@ def burn_in_window(
     Returns:
         ``(columns, active)``: ``[N, K]`` int64 and ``[N, K]`` bool.
 
+    Raises:
+        ValueError: a bad ``burn_in``, a shape or dtype other than ``[N]`` int64 for either
+            tensor (never broadcast), or a length outside ``[0, min(K, start_time)]``.
+
     Example:
         >>> columns, active = burn_in_window(torch.tensor([1, 5]), torch.tensor([1, 3]), 3)
         >>> columns
@@ -98,6 +122,9 @@ def burn_in_window(
     """
     _check_burn_in(burn_in)
     _check_ndim({"start_time": start_time, "lengths": lengths}, 1)
+    check_dtype("start_time", start_time, torch.int64)
+    check_dtype("lengths", lengths, torch.int64)
+    check_shape("lengths", lengths, start_time.shape)
     if bool(((lengths < 0) | (lengths > burn_in) | (lengths > start_time)).any()):
         raise ValueError(
             f"lengths must be in [0, min(burn_in={burn_in}, start_time)] for every sequence"

@@ -45,3 +45,23 @@ def test_refusals_name_the_argument():
         burn_in_window(torch.tensor([1]), torch.tensor([2]), 3)
     with pytest.raises(TypeError, match=r"start_time must be a torch\.Tensor"):
         burn_in_lengths([1], torch.tensor([0]), 3)
+
+
+def test_mismatched_lengths_are_refused_not_broadcast():
+    # [3] against [1] used to broadcast to three lengths of the one first step; [2] against [1]
+    # in burn_in_window gave a [1, K] active mask for two sequences
+    with pytest.raises(ValueError, match=r"'episode_first_step' must have shape \[3\], got \[1\]"):
+        burn_in_lengths(torch.tensor([3, 4, 5]), torch.tensor([0]), 2)
+    with pytest.raises(ValueError, match=r"'episode_first_step' must have shape \[3\], got \[2\]"):
+        burn_in_lengths(torch.tensor([3, 4, 5]), torch.tensor([0, 1]), 2)
+    with pytest.raises(ValueError, match=r"'lengths' must have shape \[2\], got \[1\]"):
+        burn_in_window(torch.tensor([3, 4]), torch.tensor([1]), 2)
+
+
+def test_window_refuses_non_index_dtypes_and_negative_columns():
+    with pytest.raises(ValueError, match=r"'start_time' must have dtype torch\.int64"):
+        burn_in_window(torch.tensor([3.0, 4.0]), torch.tensor([1, 1]), 2)
+    with pytest.raises(ValueError, match=r"'lengths' must have dtype torch\.int64"):
+        burn_in_window(torch.tensor([3, 4]), torch.tensor([1, 1], dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match=r"start_time must be >= 0, got -3"):
+        burn_in_lengths(torch.tensor([-3]), torch.tensor([-5]), 2)
