@@ -175,6 +175,13 @@ class SequenceStartStates(RolloutTransform):
                 "SequenceStartStates expects padded sequences [N, Lp] or a rollout [W, T], "
                 f"got batch size {list(tensordict.batch_size)}"
             )
+        # [*B, 1] bool, as InitTracker writes it: [*B] or [*B, 1, 1] are refused, not reshaped
+        is_init_key = self.keys.is_init
+        is_init = get_key(
+            tensordict, is_init_key, hint=f"(SequenceStartStates reads {is_init_key!r})"
+        )
+        check_shape(is_init_key, is_init, (*tensordict.batch_size, 1))
+        check_dtype(is_init_key, is_init, torch.bool)
         if tensordict.get(self.keys.loss_mask, None) is not None:
             return self._padded(tensordict)
         return self._rollout(tensordict)

@@ -349,6 +349,23 @@ def test_malformed_states_are_refused_by_name(start_state, burn_in):
             transform(SequencePadder()(wrong))
 
 
+@pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0)])
+@pytest.mark.parametrize("shape", [(2, 5), (2, 5, 2), (2, 5, 1, 1)])
+def test_is_init_of_another_shape_is_refused_by_name(start_state, burn_in, shape):
+    # [W, T] and [W, T, 1, 1] were reshaped into [W, T, 1] and used; [W, T, 2] on padded
+    # sequences with "refreshed" failed in a reshape that named nothing
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    wrong = _small_rollout(net)
+    wrong.set("is_init", torch.zeros(shape, dtype=torch.bool))
+    transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)
+    with pytest.raises(ValueError, match=r"'is_init' must have shape \[2, 5, 1\], got"):
+        transform(wrong)
+    padded = SequencePadder()(wrong)
+    n, length = padded.batch_size
+    with pytest.raises(ValueError, match=rf"'is_init' must have shape \[{n}, {length}, 1\], got"):
+        transform(padded)
+
+
 def test_a_burn_in_longer_than_the_rollout_is_the_rollout():
     # the window is as wide as the longest burn-in the rollout allows (T - 1), not K
     net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
