@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -80,6 +80,7 @@ class SequenceStartStates(RolloutTransform):
         keys: key overrides (``RolloutKeys``; also ``set_keys(...)``).
 
     Raises:
+        TypeError: a module that is not a TensorDict module (a bare ``torch.nn.LSTM``).
         ValueError: an unknown ``start_state``, a negative ``burn_in``, a module without a
             recurrent state; at call time a missing or malformed key (named; a state key
             must have the module's float dtype and, for rppo_td's modules and TorchRL's
@@ -131,7 +132,16 @@ class SequenceStartStates(RolloutTransform):
             )
         if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
             raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
-        module_list = [modules] if isinstance(modules, TensorDictModuleBase) else list(modules)
+        # one module (a bare torch module too, refused below by name), or an iterable of them
+        one = isinstance(modules, torch.nn.Module) and not isinstance(modules, torch.nn.ModuleList)
+        module_list = [modules] if one or not isinstance(modules, Iterable) else list(modules)
+        for module in module_list:
+            if not isinstance(module, TensorDictModuleBase):
+                raise TypeError(
+                    "modules must be TensorDict modules (an LSTMModule, a ProbabilisticActor "
+                    "around one, rppo_td's RecurrentActor, ...) or a sequence of them, got "
+                    f"{type(module).__name__}"
+                )
         if not module_list:
             raise ValueError("SequenceStartStates needs at least one recurrent module")
         plan: list[tuple[Any, tuple[NestedKey, ...]]] = []

@@ -287,6 +287,9 @@ def test_refusals_name_the_setting():
         SequenceStartStates(RecurrentActor(net), start_state="fresh")
     with pytest.raises(ValueError, match="burn_in must be an int >= 0, got -1"):
         SequenceStartStates(RecurrentActor(net), burn_in=-1)
+    for plain in (torch.nn.LSTM(2, 3), [torch.nn.LSTM(2, 3)]):  # a bare torch module
+        with pytest.raises(TypeError, match=r"modules must be TensorDict modules .* got LSTM"):
+            SequenceStartStates(plain)
     memoryless = RecurrentActorCritic(OBS, ACT, hidden_size=3, recurrence="none")
     with pytest.raises(ValueError, match="has no recurrent state"):
         SequenceStartStates(RecurrentActor(memoryless))
