@@ -238,8 +238,12 @@ class RecurrentActorCritic(nn.Module):
             ``recurrence="none"``.
         shared_critic: one encoder and core for both heads; False (default) gives the critic
             its own, so value-loss gradients never move the policy's features.
-        normalize_observations: standardise float vector leaves with running statistics
+        normalize_observations: scale float vector leaves by running statistics
             (``ObservationNormalizer``; updated by the trainer between rollouts).
+        center_observations: the normaliser subtracts the running mean too. Off by default:
+            a centred position moves the point the policy treats as zero wherever the policy
+            has been taking it (see ``ObservationNormalizer``). No effect without
+            ``normalize_observations``.
         image_layout: how uint8 image leaves are read: ``"auto"`` from the shape (the end
             that is 1, 3 or 4 is the channel axis; a shape where both are, such as
             ``[3, 4, 4]``, is refused by name), or ``"channels_first"`` / ``"channels_last"``.
@@ -269,6 +273,7 @@ class RecurrentActorCritic(nn.Module):
         encoder_skip: bool = False,
         shared_critic: bool = False,
         normalize_observations: bool = True,
+        center_observations: bool = False,
         image_layout: ImageLayout = "auto",
     ) -> None:
         super().__init__()
@@ -295,7 +300,11 @@ class RecurrentActorCritic(nn.Module):
         self.shared_critic = shared_critic
         self.action_space = action_space
         self.leaves = observation_leaves(observation_space)
-        self.normalizer = ObservationNormalizer(self.leaves) if normalize_observations else None
+        self.normalizer = (
+            ObservationNormalizer(self.leaves, center=center_observations)
+            if normalize_observations
+            else None
+        )
         trunk_args = (self.leaves, recurrence, hidden_size, num_layers, forget_bias, image_layout)
         self.actor_trunk = _Trunk(*trunk_args, encoder_skip)
         self.critic_trunk = None if shared_critic else _Trunk(*trunk_args, encoder_skip)
@@ -340,7 +349,7 @@ class RecurrentActorCritic(nn.Module):
         return (self.num_layers, self.hidden_size)
 
     def normalize(self, obs: TensorDictBase) -> TensorDictBase:
-        """The observations standardised by the running statistics (unchanged without)."""
+        """The observations normalised by the running statistics (unchanged without)."""
         return obs if self.normalizer is None else self.normalizer(obs)
 
     def policy(

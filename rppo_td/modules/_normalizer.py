@@ -12,30 +12,47 @@ __all__ = ["ObservationNormalizer"]
 
 
 class ObservationNormalizer(nn.Module):
-    """Standardises float vector observation leaves with running statistics.
+    """Scales float vector observation leaves by running statistics, optionally centring them.
 
     Leaves that are float ``Box`` spaces (not images) are mapped to
-    ``clamp((x - mean) / sqrt(var + eps), -clip, clip)``; other leaves pass through. The
-    statistics start at mean 0, variance 1 and are buffers (saved with the model); they change
-    only in ``update``, which the
-    trainer calls after each PPO update, so a rollout and the update on it see the same
-    normalisation and the first-epoch probability ratio is exactly 1.
+    ``clamp(x / sqrt(mean**2 + var + eps), -clip, clip)``, the running root mean square about
+    zero, or with ``center=True`` to ``clamp((x - mean) / sqrt(var + eps), -clip, clip)``;
+    other leaves pass through. The statistics start at mean 0, variance 1 and are buffers
+    (saved with the model); they change only in ``update``, which the trainer calls after each
+    PPO update, so a rollout and the update on it see the same normalisation and the
+    first-epoch probability ratio is exactly 1.
+
+    Centring is off by default: the running mean of an observation the policy moves, such as
+    a cart's position, follows where the policy has been, so a centred input moves the point
+    the policy treats as zero along with it, and a small bias becomes a drift (masked
+    CartPole: the cart walks off the track while the pole stays up; docs/results.md). Without
+    centring, zero stays the env's zero.
 
     Args:
         leaves: from ``observation_leaves``.
         clip: bound of the normalised values.
+        center: subtract the running mean too (a standardisation).
 
     Example:
         >>> import gymnasium as gym
         >>> from tensordict import TensorDict
         >>> from rppo_td.modules._spaces import observation_leaves
-        >>> norm = ObservationNormalizer(observation_leaves(gym.spaces.Box(-9, 9, (2,))))
-        >>> norm.update(TensorDict({"observation": torch.tensor([[1.0, 0.0], [3.0, 0.0]])}, [2]))
-        >>> norm(TensorDict({"observation": torch.tensor([[3.0, 0.0]])}, [1]))["observation"]
+        >>> leaves = observation_leaves(gym.spaces.Box(-9, 9, (2,)))
+        >>> seen = TensorDict({"observation": torch.tensor([[1.0, 0.0], [3.0, 0.0]])}, [2])
+        >>> obs = TensorDict({"observation": torch.tensor([[3.0, 0.0]])}, [1])
+        >>> norm = ObservationNormalizer(leaves)
+        >>> norm.update(seen)  # mean [2, 0], variance [1, 0]
+        >>> norm(obs)["observation"]  # 3 / sqrt(2**2 + 1)
+        tensor([[1.3416, 0.0000]])
+        >>> centred = ObservationNormalizer(leaves, center=True)
+        >>> centred.update(seen)
+        >>> centred(obs)["observation"]  # (3 - 2) / sqrt(1)
         tensor([[1., 0.]])
     """
 
-    def __init__(self, leaves: list[ObservationLeaf], *, clip: float = 10.0) -> None:
+    def __init__(
+        self, leaves: list[ObservationLeaf], *, clip: float = 10.0, center: bool = False
+    ) -> None:
         super().__init__()
         import gymnasium as gym
 
@@ -48,6 +65,7 @@ class ObservationNormalizer(nn.Module):
             key: tuple(space.shape or ()) for key, space in leaves if key in self.keys
         }
         self.clip = clip
+        self.center = center
         for i, key in enumerate(self.keys):
             shape = self.shapes[key]
             self.register_buffer(f"mean_{i}", torch.zeros(shape, dtype=torch.float64))
@@ -66,11 +84,15 @@ class ObservationNormalizer(nn.Module):
     @torch.no_grad()
     def _refresh(self) -> None:
         for i in range(len(self.keys)):
-            getattr(self, f"shift_{i}").copy_(getattr(self, f"mean_{i}"))
-            getattr(self, f"scale_{i}").copy_(getattr(self, f"var_{i}").add(1e-8).rsqrt())
+            mean, var = getattr(self, f"mean_{i}"), getattr(self, f"var_{i}")
+            if self.center:
+                getattr(self, f"shift_{i}").copy_(mean)
+                getattr(self, f"scale_{i}").copy_(var.add(1e-8).rsqrt())
+            else:
+                getattr(self, f"scale_{i}").copy_((mean.square() + var).add(1e-8).rsqrt())
 
     def forward(self, obs: TensorDictBase) -> TensorDictBase:
-        """Obs with batch ``[*B]`` -> a shallow copy with the float leaves standardised."""
+        """Obs with batch ``[*B]`` -> a shallow copy with the float leaves normalised."""
         if not self.keys:
             return obs
         out = obs.copy()

@@ -44,8 +44,11 @@ __all__ = [
 
 CHECKPOINT_NAME = "checkpoint.pt"
 # 3: the policy head gained its ReLU (head_layers nonlinear layers, as the value head has);
-# format-2 networks load into the same parameter names but would compute another policy
-FORMAT_VERSION = 3
+# format-2 networks load into the same parameter names but would compute another policy.
+# 4: the observation normaliser stopped centring unless center_observations is set; a
+# format-3 run was centred, so it loads (and resumes) with center_observations: true
+FORMAT_VERSION = 4
+_CENTRED_FORMAT = 3
 ENV_STATE_PREFIX = "envs-"
 ENV_STATE_SUFFIX = ".pkl"
 
@@ -169,7 +172,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Reads a checkpoint written by ``save_checkpoint`` without running code from it.
 
     ``torch.load(weights_only=True)`` refuses anything but tensors and plain data, so a
-    crafted file cannot run code; the content is then checked field by field.
+    crafted file cannot run code; the content is then checked field by field. A format-3
+    checkpoint (before ``center_observations``) is read as format 4 with
+    ``center_observations: true`` in its config, the normalisation it was trained with.
 
     Args:
         path: ``checkpoint.pt`` or the run directory holding it.
@@ -201,6 +206,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{where} is not a readable rppo_td checkpoint (truncated or corrupt: {detail})"
         ) from None
     _check_content(data, where)
+    if data["format_version"] == _CENTRED_FORMAT:
+        data["config"] = {"center_observations": True, **data["config"]}
+        data["format_version"] = FORMAT_VERSION
     return data
 
 
@@ -210,7 +218,7 @@ def _check_content(data: Any, where: str) -> None:
             f"{where} is not an rppo_td checkpoint: it holds a {type(data).__name__}, not a dict"
         )
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in (FORMAT_VERSION, _CENTRED_FORMAT):
         raise CheckpointError(
             f"{where} is not an rppo_td checkpoint of format {FORMAT_VERSION} "
             f"(format_version: {version!r})"

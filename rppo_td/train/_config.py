@@ -164,9 +164,17 @@ class TrainConfig:
         default=False,
     )
     normalize_observations: bool = _doc(
-        "standardise float vector (Box) observations with running stats; discrete "
+        "scale float vector (Box) observations by running stats (their root mean square "
+        "about zero, or with center_observations their standard deviation); discrete "
         "(one-hot encoded) and uint8 image observations pass through unchanged",
         default=True,
+    )
+    center_observations: bool = _doc(
+        "the observation normaliser subtracts the running mean too; off by default, since a "
+        "position's running mean follows the policy and moves the point it treats as zero "
+        "(masked CartPole: the cart drifts off the track); runs saved before this setting "
+        "(checkpoint format 3) were centred",
+        default=False,
     )
     image_layout: Literal["auto", "channels_first", "channels_last"] = _doc(
         "channel axis of uint8 image observations: auto reads it from the shape (the end "

@@ -38,6 +38,7 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
         encoder_skip=config.encoder_skip,
         shared_critic=config.shared_critic,
         normalize_observations=config.normalize_observations,
+        center_observations=config.center_observations,
         image_layout=config.image_layout,
     )
 

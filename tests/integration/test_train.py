@@ -400,6 +400,28 @@ def test_a_format_2_checkpoint_is_refused_with_the_reason(tmp_path, capsys):
     assert "format_version: 2" in err and "policy head" in err and "retrain" in err
 
 
+def test_a_format_3_checkpoint_loads_centred_as_it_was_trained(tmp_path, capsys):
+    """Format 3 predates ``center_observations`` and always centred: it loads with the setting
+    on, so its agent is evaluated with the normalisation it was trained with."""
+    trainer, config = _run(tmp_path, center_observations=True, total_steps=256)
+    trainer.run()
+    new = Path(config.output) / "checkpoint.pt"
+    data = torch.load(new, weights_only=True)
+    assert data["format_version"] == 4 and data["config"]["center_observations"] is True
+    del data["config"]["center_observations"]
+    old = tmp_path / "format3" / "checkpoint.pt"
+    old.parent.mkdir()
+    torch.save({**data, "format_version": 3}, old)
+    loaded = load_checkpoint(old)
+    assert loaded["format_version"] == 4 and loaded["config"]["center_observations"] is True
+    capsys.readouterr()
+    returns = []
+    for path in (new, old):
+        assert eval_main(["--checkpoint", str(path), "--episodes", "3"]) == 0
+        returns.append(json.loads(capsys.readouterr().out)["eval_returns"])
+    assert returns[0] == returns[1]
+
+
 def test_env_copies_of_an_earlier_checkpoint_resume_in_the_array_env(tmp_path):
     # checkpoints written before CartPoleNoVelVectorEnv pickled W checked copies; loading
     # them into the array env goes on with the same episodes as the copies would

@@ -253,23 +253,43 @@ def test_bad_arguments(kwargs, match):
         RecurrentActorCritic(BOX, ACTIONS["discrete"], **kwargs)
 
 
-def test_observation_normalizer_running_statistics():
+@given(
+    center=st.booleans(),
+    scale=st.floats(0.01, 100.0),
+    offset=st.floats(-100.0, 100.0),
+    split=st.integers(1, 49),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=30, deadline=None)
+def test_observation_normalizer_running_statistics(center, scale, offset, split, seed):
+    """Chunked updates give the statistics of all the data; the float leaf is divided by its
+    root mean square about zero (zero stays zero), or with ``center`` standardised; the
+    Discrete leaf passes through and the input is left as it was."""
     from rppo_td.modules._normalizer import ObservationNormalizer
 
-    norm = ObservationNormalizer(observation_leaves(SPACES["tuple"]))
+    norm = ObservationNormalizer(observation_leaves(SPACES["tuple"]), center=center)
     assert norm.keys == [("observation", "0")]  # the Discrete leaf passes through
-    data = torch.randn(50, 3, dtype=torch.float64) * 3 + 1
-    for chunk in data.split([20, 30]):
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.randn(50, 3, dtype=torch.float64, generator=generator) * scale + offset
+    for chunk in data.split([split, 50 - split]):
         norm.update(TensorDict({"observation": {"0": chunk.float()}}, [chunk.shape[0]]))
-    torch.testing.assert_close(norm.mean_0, data.mean(0), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(norm.var_0, data.var(0, unbiased=False), rtol=1e-4, atol=1e-4)
-    td = TensorDict(
-        {"observation": {"0": data.float(), "1": torch.zeros(50, dtype=torch.long)}}, [50]
-    )
+    mean, var = data.float().double().mean(0), data.float().double().var(0, unbiased=False)
+    torch.testing.assert_close(norm.mean_0, mean, rtol=1e-6, atol=1e-6 * abs(offset))
+    torch.testing.assert_close(norm.var_0, var, rtol=1e-5, atol=1e-5 * offset**2)
+    x = torch.cat((data.float(), torch.zeros(1, 3)))
+    td = TensorDict({"observation": {"0": x, "1": torch.zeros(51, dtype=torch.long)}}, [51])
     out = norm(td)
-    torch.testing.assert_close(out["observation", "0"].mean(0), torch.zeros(3), atol=1e-4, rtol=0)
+    if center:
+        expected = (x.double() - mean) / (var + 1e-8).sqrt()
+    else:
+        expected = x.double() / (mean.square() + var + 1e-8).sqrt()
+        assert (out["observation", "0"][-1] == 0).all()  # the env's zero stays zero
+    torch.testing.assert_close(
+        out["observation", "0"], expected.clamp(-10, 10).float(), rtol=1e-4, atol=1e-4
+    )
     assert out["observation", "1"] is td["observation", "1"]
     assert td["observation", "0"].dtype == torch.float32  # input left as it was
+    assert torch.equal(td["observation", "0"], x)
 
 
 @pytest.mark.parametrize("shared", [True, False])
