@@ -97,8 +97,10 @@ class ObservationNormalizer(nn.Module):
             return obs
         out = obs.copy()
         for i, key in enumerate(self.keys):
-            shift, scale = getattr(self, f"shift_{i}"), getattr(self, f"scale_{i}")
-            out.set(key, ((obs.get(key) - shift) * scale).clamp_(-self.clip, self.clip))
+            x = obs.get(key)
+            if self.center:
+                x = x - getattr(self, f"shift_{i}")
+            out.set(key, (x * getattr(self, f"scale_{i}")).clamp_(-self.clip, self.clip))
         return out
 
     @torch.no_grad()

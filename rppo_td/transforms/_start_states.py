@@ -254,8 +254,7 @@ class SequenceStartStates(RolloutTransform):
             )
         first = worker[:, 0] * num_time + time[:, 0]
         if self.start_state == "refreshed" and self._by_sequences:
-            is_init = get_key(tensordict, keys.is_init)
-            check_dtype(keys.is_init, is_init, torch.bool)
+            is_init = get_key(tensordict, keys.is_init)  # [N, Lp, 1] bool, checked in forward
             episode_id = tensordict.get(keys.episode_id, None)
             if episode_id is not None:
                 check_dtype(keys.episode_id, episode_id, torch.int64)
@@ -402,14 +401,8 @@ class SequenceStartStates(RolloutTransform):
         """
         keys = self.keys
         num_workers, num_time = rollout.batch_size
-        is_init = get_key(rollout, keys.is_init)
-        check_dtype(keys.is_init, is_init, torch.bool)
-        if is_init.numel() != num_workers * num_time:
-            raise ValueError(
-                f"{keys.is_init!r} must have shape {[num_workers, num_time, 1]}, got "
-                f"{list(is_init.shape)}"
-            )
-        is_init = is_init.reshape(num_workers, num_time)
+        # [W, T, 1] bool: forward checked it (here the rollout itself, or the padded input's)
+        is_init = get_key(rollout, keys.is_init).reshape(num_workers, num_time)
         episode_id = rollout.get(keys.episode_id, None)
         if episode_id is not None:
             check_shape(keys.episode_id, episode_id, (num_workers, num_time))
