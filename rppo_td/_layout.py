@@ -24,7 +24,7 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional import layout_from_starts, pad_rows
+from rppo_td.functional import layout_from_starts, pad_rows, runs_pay, sequence_runs
 
 __all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf"]
 
@@ -115,16 +115,24 @@ class SequenceLayout:
         """``[N]`` int64, real steps per sequence."""
         return self.loss_mask.sum(-1)
 
-    def empty_buffer(self, td: TensorDictBase, rows: int) -> dict[NestedKey, torch.Tensor]:
+    def empty_buffer(
+        self, td: TensorDictBase, rows: int, pool: OutputPool | None = None
+    ) -> dict[NestedKey, torch.Tensor]:
         """Uninitialised ``[rows, Lp, *F]`` tensors for every tensor leaf of ``td``.
 
         ``gather(..., out=buffer)`` writes minibatches of up to ``rows`` sequences into them.
+        With ``pool`` the large ones are taken from its memory (``OutputPool``), so that the
+        buffer of one epoch is the next epoch's too once nothing holds it.
         """
         length = self.flat_index.shape[1]
-        return {
-            key: value.new_empty((rows, length, *value.shape[2:]))
-            for key, value in td.items(include_nested=True, leaves_only=True)
-        }
+        buffer = {}
+        for key, value in td.items(include_nested=True, leaves_only=True):
+            shape = (rows, length, *value.shape[2:])
+            if pool is not None:
+                buffer[key] = pool.empty(key, shape, value)
+            else:
+                buffer[key] = value.new_empty(shape)
+        return buffer
 
     def gather(
         self,
@@ -280,9 +288,14 @@ def gather_sequences(
         flat, mask = layout.flat_index[index], layout.loss_mask[index]
     pads = (~mask).flatten().nonzero().squeeze(1)
     flat_steps = flat.flatten()
+    # each sequence's steps are consecutive in the rollout: where a large leaf of narrow rows
+    # is gathered, such leaves are copied a whole sequence at a time (pad_rows)
+    runs = None
+    if any(runs_pay(value, flat.numel()) for value in td.values(True, True)):
+        runs = sequence_runs(flat, mask, layout.num_workers * layout.time_steps)
     deferred = None
     if lazy and out is None and not stacks and lazy_enabled():
-        deferred = PaddedGather(flat, mask, flat_steps, pads, pool or OutputPool())
+        deferred = PaddedGather(flat, mask, flat_steps, pads, pool or OutputPool(), runs)
     # Leaves go into a nested dict and the tensordict is built once at the end: setting
     # them one by one into a tensordict with a device costs more than the gathers at small
     # shapes.
@@ -309,7 +322,7 @@ def gather_sequences(
             dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
         else:
             dest = None
-        put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest))
+        put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest, runs=runs))
     # A sequence lies in one worker row and position 0 is always real, so the row is read
     # once per sequence ([B, 1] division, not [B, Lp]) and broadcast; the products with the
     # mask are 0 on padding, as every other key. flat >= 0: truncation is floor division.

@@ -45,6 +45,7 @@ class PaddedGather:
         flat_steps: ``flat_index`` flattened, ``[N * Lp]``.
         pads: ``[P]`` int64, the flat padding positions in ``N * Lp``.
         pool: the padder's ``OutputPool`` (materialised leaves reuse its memory).
+        runs: ``sequence_runs`` of ``flat_index`` (None where no run fits).
     """
 
     flat_index: torch.Tensor
@@ -52,6 +53,7 @@ class PaddedGather:
     flat_steps: torch.Tensor
     pads: torch.Tensor
     pool: OutputPool
+    runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class Pending:
@@ -89,10 +91,20 @@ class Pending:
         return self.source
 
     def rows(
-        self, flat_steps: torch.Tensor, pads: torch.Tensor, shape: tuple[int, int], out=None
+        self,
+        flat_steps: torch.Tensor,
+        pads: torch.Tensor,
+        shape: tuple[int, int],
+        out=None,
+        runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The padded leaf's rows for the positions ``flat_steps`` (``[B * Lp]``)."""
-        return pad_rows(self.checked_source(), flat_steps, pads, torch.Size(shape), out=out)
+        """The padded leaf's rows for the positions ``flat_steps`` (``[B * Lp]``).
+
+        ``runs``: ``sequence_runs`` of the same positions (see ``pad_rows``).
+        """
+        return pad_rows(
+            self.checked_source(), flat_steps, pads, torch.Size(shape), out=out, runs=runs
+        )
 
     def materialize(self) -> torch.Tensor:
         """The whole padded leaf ``[N, Lp, *F]``, in the padder's pooled memory."""
@@ -103,7 +115,12 @@ class Pending:
             if gather.pool.wants(source, math.prod(self.shape)):
                 dest = gather.pool.empty(self.key, self.shape, source)
             return pad_rows(
-                source, gather.flat_steps, gather.pads, gather.flat_index.shape, out=dest
+                source,
+                gather.flat_steps,
+                gather.pads,
+                gather.flat_index.shape,
+                out=dest,
+                runs=gather.runs,
             )
 
 

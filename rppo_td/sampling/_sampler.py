@@ -24,7 +24,7 @@ from rppo_td._validation import (
     get_key,
     none_true,
 )
-from rppo_td.functional import plan_minibatches
+from rppo_td.functional import plan_minibatches, runs_pay, sequence_runs
 
 __all__ = ["SequenceSampler"]
 
@@ -137,21 +137,31 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
         return td[index]
     source: dict = {}
     on = {index.device: index}
-    positions: dict[int, tuple[torch.Tensor, torch.Tensor, tuple[int, int]]] = {}
+    positions: dict[int, tuple] = {}
     for key, value in leaves:
         if type(value) is Pending:
             gather = value.gather
             if id(gather) not in positions:
                 rows = on.setdefault(gather.flat_index.device, index.to(gather.flat_index.device))
                 flat = gather.flat_index.index_select(0, rows)
-                pads = (~gather.loss_mask.index_select(0, rows)).flatten().nonzero().squeeze(1)
-                positions[id(gather)] = (flat.flatten(), pads, (flat.shape[0], flat.shape[1]))
-            flat_steps, pads, shape = positions[id(gather)]
+                mask = gather.loss_mask.index_select(0, rows)
+                pads = (~mask).flatten().nonzero().squeeze(1)
+                runs = None
+                if any(
+                    type(other) is Pending
+                    and other.gather is gather
+                    and runs_pay(other.source, flat.numel())
+                    for _, other in leaves
+                ):
+                    steps = value.source.shape[0] * value.source.shape[1]
+                    runs = sequence_runs(flat, mask, steps)
+                positions[id(gather)] = (flat.flatten(), pads, (flat.shape[0], flat.shape[1]), runs)
+            flat_steps, pads, shape, runs = positions[id(gather)]
             rows_shape = (*shape, *value.source.shape[2:])
             dest = None
             if pool.wants(value.source, math.prod(rows_shape)):
                 dest = pool.empty(key, rows_shape, value.source)
-            put_leaf(source, key, value.rows(flat_steps, pads, shape, out=dest))
+            put_leaf(source, key, value.rows(flat_steps, pads, shape, out=dest, runs=runs))
             continue
         if value.device not in on:
             on[value.device] = index.to(value.device)
@@ -393,7 +403,8 @@ class SequenceSampler:
         stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
         out = None
         if self.reuse_memory:
-            out = layout.empty_buffer(td, max(index.numel() for index in groups))
+            rows = max(index.numel() for index in groups)
+            out = layout.empty_buffer(td, rows, pool=self._pool)
         # the groups are the plan's own: in range, so gather_sequences skips the index check;
         # it writes into out when given, else into the pool's memory
         for index in groups:

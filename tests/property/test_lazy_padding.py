@@ -20,6 +20,7 @@ from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSa
 from rppo_td._lazy import Pending, has_pending, raw_leaves, shallow_copy
 from rppo_td.testing import reference
 from rppo_td.testing.strategies import rollouts, sequence_lengths
+from tests.property._runs import gather_by_runs
 
 
 @st.composite
@@ -42,8 +43,13 @@ def _pending_keys(td):
     return {key for key, value in raw_leaves(td) if type(value) is Pending}
 
 
-@given(case=_chunked(), data=st.data())
-def test_every_read_gives_the_reference_padding(case, data):
+@given(case=_chunked(), data=st.data(), runs=st.booleans())
+def test_every_read_gives_the_reference_padding(case, data, runs):
+    with gather_by_runs(runs):
+        _every_read_gives_the_reference_padding(case, data)
+
+
+def _every_read_gives_the_reference_padding(case, data):
     chunked, length = case
     expected = _expected(chunked, length)
     padded = SequencePadder()(chunked)
@@ -84,8 +90,13 @@ def test_every_read_gives_the_reference_padding(case, data):
     assert not has_pending(padded)
 
 
-@given(case=_chunked(), data=st.data(), seed=st.integers(0, 2**31))
-def test_sampler_reads_pending_leaves_without_gathering_them(case, data, seed):
+@given(case=_chunked(), data=st.data(), seed=st.integers(0, 2**31), runs=st.booleans())
+def test_sampler_reads_pending_leaves_without_gathering_them(case, data, seed, runs):
+    with gather_by_runs(runs):
+        _sampler_reads_pending_leaves_without_gathering_them(case, data, seed)
+
+
+def _sampler_reads_pending_leaves_without_gathering_them(case, data, seed):
     chunked, _ = case
     padded = SequencePadder()(chunked)
     keys = _rollout_keys(chunked)

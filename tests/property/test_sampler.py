@@ -31,6 +31,7 @@ from rppo_td import (
 )
 from rppo_td.testing import reference
 from rppo_td.testing.strategies import rollouts, sequence_lengths
+from tests.property._runs import gather_by_runs
 
 
 def _chunked(td, sequence_length):
@@ -62,8 +63,16 @@ def _chunked_rollouts(draw):
     seed=st.integers(0, 2**31),
     balance=st.sampled_from(["steps", "sequences"]),
     gather_epoch=st.sampled_from([None, True, False]),
+    runs=st.booleans(),
 )
-def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance, gather_epoch):
+def test_each_sequence_once_per_epoch_padded_and_lazy_agree(
+    case, seed, balance, gather_epoch, runs
+):
+    with gather_by_runs(runs):
+        _each_sequence_once_padded_and_lazy_agree(case, seed, balance, gather_epoch)
+
+
+def _each_sequence_once_padded_and_lazy_agree(case, seed, balance, gather_epoch):
     chunked, num_minibatches = case
     padded = SequencePadder()(chunked)
     expected = sorted(_starts(padded))
@@ -107,7 +116,8 @@ def test_each_sequence_once_per_epoch_padded_and_lazy_agree(case, seed, balance,
     rows = {start: n for n, start in enumerate(_starts(padded))}
     for mb in from_padded:
         index = torch.tensor([rows[s] for s in _starts(mb)])
-        assert torch.equal(mb["loss_mask"], padded["loss_mask"][index])
+        for key in padded.keys(True, True):
+            assert torch.equal(mb[key], padded[key][index]), key
 
 
 @st.composite

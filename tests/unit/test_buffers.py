@@ -107,6 +107,11 @@ def _three_updates(rollout, seed, keep):
     sampler = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
     lazy = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
     reference_sampler = SequenceSampler(1, generator=torch.Generator().manual_seed(seed))
+    # one minibatch per epoch, so reuse overwrites nothing within an epoch; across epochs
+    # its buffer is pooled
+    reused = SequenceSampler(
+        1, generator=torch.Generator().manual_seed(seed), reuse_memory=True, gather_epoch=False
+    )
     kept, expected = [], []
     for update in range(3):
         x = td.apply(lambda v, u=update: v + u if v.is_floating_point() else v)
@@ -117,13 +122,16 @@ def _three_updates(rollout, seed, keep):
             kept.append(padded)
             expected.append(fresh.clone())
         groups = list(reference_sampler._groups(fresh.get("loss_mask").sum(-1)))
-        for index, mb, from_rollout in zip(groups, sampler(padded), lazy(x), strict=True):
+        for index, mb, from_rollout, from_reused in zip(
+            groups, sampler(padded), lazy(x), reused(x), strict=True
+        ):
             reference = fresh[index]
             assert (mb == reference).all()
             assert (from_rollout == reference).all()
+            assert (from_reused == reference).all()
             if keep == 2:
-                kept += [mb, from_rollout]
-                expected += [reference.clone(), reference.clone()]
+                kept += [mb, from_rollout, from_reused]
+                expected += [reference.clone(), reference.clone(), reference.clone()]
         del padded, fresh
         gc.collect()
     for got, want in zip(kept, expected, strict=True):

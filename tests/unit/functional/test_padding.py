@@ -74,3 +74,59 @@ def test_zero_rows_through_wide_views_equals_a_plain_fill(dtype, rows, width, of
     # the storage around the rows is untouched
     assert torch.equal(flat[:offset], before[:offset])
     assert torch.equal(flat[offset + used :], before[offset + used :])
+
+
+@given(
+    workers=st.integers(1, 4),
+    steps=st.integers(1, 12),
+    length=st.one_of(st.none(), st.integers(1, 6)),
+    extra=st.integers(0, 3),
+    dtype=st.sampled_from([torch.bool, torch.uint8, torch.int64, torch.float32]),
+    feature=st.sampled_from([(), (1,), (3,), (2, 2)]),
+    offset=st.integers(0, 3),
+    into_out=st.booleans(),
+    data=st.data(),
+)
+@settings(max_examples=150, deadline=None)
+def test_runs_gather_equals_the_row_gather(
+    workers, steps, length, extra, dtype, feature, offset, into_out, data
+):
+    """``pad_rows(runs=sequence_runs(...))`` gives the row gather's padded values exactly.
+
+    Any rows of the layout, in any order, widened by ``extra`` padding columns (so runs near
+    the rollout's end pass its last step and are moved), leaves at a storage offset, into
+    ``out`` or fresh memory.
+    """
+    from rppo_td.functional import chunk_episodes, pad_rows, sequence_layout, sequence_runs
+
+    start = torch.tensor(
+        data.draw(st.lists(st.booleans(), min_size=workers * steps, max_size=workers * steps))
+    ).view(workers, steps)
+    start[:, 0] = True
+    flat_index, mask = sequence_layout(*chunk_episodes(start, length))
+    flat_index = torch.nn.functional.pad(flat_index, (0, extra))
+    mask = torch.nn.functional.pad(mask, (0, extra))
+    rows = data.draw(st.permutations(range(flat_index.shape[0])))
+    rows = torch.tensor(rows[: data.draw(st.integers(0, len(rows)))], dtype=torch.int64)
+    flat_index, mask = flat_index[rows], mask[rows]
+    size = workers * steps * max(1, torch.Size(feature).numel())
+    storage = torch.randint(1, 100, (offset + size,)).to(dtype)
+    x = storage[offset:].view(workers, steps, *feature)
+    pads = padding_positions(mask)
+    shape = flat_index.shape
+    expected = pad_rows(x, flat_index.flatten(), pads, shape)
+    runs = sequence_runs(flat_index, mask, workers * steps)
+    if shape[1] < 2 or workers * steps < shape[1]:
+        assert runs is None
+        return
+    out = torch.full((*shape, *feature), 7).to(dtype) if into_out else None
+    got = pad_rows(x, flat_index.flatten(), pads, shape, out=out, runs=runs)
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected)
+    if into_out:
+        assert got.data_ptr() == out.data_ptr()
+    # the moved runs are exactly those that would pass the last step
+    starts, moved_positions, _ = runs
+    assert bool((starts + shape[1] <= workers * steps).all())
+    passing = (flat_index[:, :1] + shape[1] > workers * steps) & mask
+    assert sorted(moved_positions.tolist()) == passing.flatten().nonzero().flatten().tolist()
