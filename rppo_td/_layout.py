@@ -26,7 +26,7 @@ from rppo_td._validation import (
 )
 from rppo_td.functional import layout_from_starts, pad_rows, runs_pay, sequence_runs
 
-__all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf"]
+__all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf", "step_bytes"]
 
 _OWN_FIELDS = ("worker_index", "time_index", "rollout_steps")
 
@@ -308,21 +308,27 @@ def gather_sequences(
         for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
             stacked[key] = rows[i].view(*flat.shape, *feature)
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
-    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+    leaves = list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
+    for key, value in leaves:
+        if key not in stacked:
+            check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
+    gathered: dict[NestedKey, torch.Tensor | Pending] = {}
+    # narrowest first (step_bytes), then into the rollout's key order
+    for key, value in sorted(leaves, key=lambda leaf: step_bytes(leaf[1])):
         if key in stacked:
-            put_leaf(source, key, stacked[key])
-            continue
-        check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
-        if deferred is not None and trackable(value):
-            put_leaf(source, key, Pending(key, value, deferred))
-            continue
-        if out is not None:
-            dest = out[key][: flat.shape[0]]
-        elif pool is not None and pool.wants(value, flat.numel() * math.prod(value.shape[2:])):
-            dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
+            gathered[key] = stacked[key]
+        elif deferred is not None and trackable(value):
+            gathered[key] = Pending(key, value, deferred)
         else:
-            dest = None
-        put_leaf(source, key, pad_rows(value, flat_steps, pads, flat.shape, out=dest, runs=runs))
+            if out is not None:
+                dest = out[key][: flat.shape[0]]
+            elif pool is not None and pool.wants(value, flat.numel() * math.prod(value.shape[2:])):
+                dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
+            else:
+                dest = None
+            gathered[key] = pad_rows(value, flat_steps, pads, flat.shape, out=dest, runs=runs)
+    for key, _ in leaves:  # the rollout's key order
+        put_leaf(source, key, gathered[key])
     # A sequence lies in one worker row and position 0 is always real, so the row is read
     # once per sequence ([B, 1] division, not [B, Lp]) and broadcast; the products with the
     # mask are 0 on padding, as every other key. flat >= 0: truncation is floor division.
@@ -338,6 +344,22 @@ def gather_sequences(
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of
     # TensorDict.__init__ (half the cost of a small minibatch) have nothing to find
     return TensorDict._new_unsafe(source, batch_size=flat.shape, device=td.device)
+
+
+def step_bytes(value: object) -> int:
+    """Bytes per position of a leaf ``[W, T, *F]`` or ``[N, Lp, *F]`` (0 if not a tensor).
+
+    A ``Pending`` leaf counts its rollout leaf's. The gathers take leaves in this order,
+    narrowest first: the small leaves' sources are then likely still in the cache (the
+    transforms before wrote some of them) when they are read, and the wide leaves, whose
+    gathers move megabytes through the cache, come last (measured on the project's AMD VM:
+    6% to 8% off the 32 x 512 and 256 x 128 vector rollouts' epoch).
+    """
+    if type(value) is Pending:
+        value = value.source
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return math.prod(value.shape[2:]) * value.element_size()
 
 
 def put_leaf(source: dict, key: NestedKey, value: torch.Tensor | Pending) -> None:

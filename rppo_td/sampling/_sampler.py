@@ -12,7 +12,13 @@ from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 from rppo_td._buffers import OutputPool
 from rppo_td._distributed import check_shard_args, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
-from rppo_td._layout import ScalarStack, SequenceLayout, gather_sequences, put_leaf
+from rppo_td._layout import (
+    ScalarStack,
+    SequenceLayout,
+    gather_sequences,
+    put_leaf,
+    step_bytes,
+)
 from rppo_td._lazy import Pending, raw_leaves
 from rppo_td._validation import (
     check_balance,
@@ -135,10 +141,11 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
     leaves = raw_leaves(td) if type(td) is TensorDict else None
     if leaves is None:
         return td[index]
-    source: dict = {}
+    gathered: dict = {}
     on = {index.device: index}
     positions: dict[int, tuple] = {}
-    for key, value in leaves:
+    # narrowest first (step_bytes), then into td's key order
+    for key, value in sorted(leaves, key=lambda leaf: step_bytes(leaf[1])):
         if type(value) is Pending:
             gather = value.gather
             if id(gather) not in positions:
@@ -161,16 +168,19 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
             dest = None
             if pool.wants(value.source, math.prod(rows_shape)):
                 dest = pool.empty(key, rows_shape, value.source)
-            put_leaf(source, key, value.rows(flat_steps, pads, shape, out=dest, runs=runs))
+            gathered[key] = value.rows(flat_steps, pads, shape, out=dest, runs=runs)
             continue
         if value.device not in on:
             on[value.device] = index.to(value.device)
         rows = on[value.device]
         if pool.wants(value, math.prod(value.shape[1:]) * rows.numel()):
             dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
-            put_leaf(source, key, torch.index_select(value, 0, rows, out=dest))
+            gathered[key] = torch.index_select(value, 0, rows, out=dest)
         else:
-            put_leaf(source, key, value.index_select(0, rows))
+            gathered[key] = value.index_select(0, rows)
+    source: dict = {}
+    for key, _ in leaves:
+        put_leaf(source, key, gathered[key])
     return TensorDict._new_unsafe(
         source, batch_size=torch.Size((index.numel(), *td.batch_size[1:])), device=td.device
     )

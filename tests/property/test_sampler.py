@@ -107,9 +107,13 @@ def _each_sequence_once_padded_and_lazy_agree(case, seed, balance, gather_epoch)
         for mb in minibatches:
             assert mb.batch_size[0] >= 1
             assert mb.batch_size[1] == padded.batch_size[1]
+    rollout_keys = list(chunked.keys(True, True))
     for a, b in zip(from_padded, from_rollout, strict=True):
         assert a.batch_size == b.batch_size
-        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        # the rollout's keys in its order, then the padder's own (whatever order the leaves
+        # are gathered in)
+        assert list(a.keys(True, True)) == list(b.keys(True, True))
+        assert list(a.keys(True, True))[: len(rollout_keys)] == rollout_keys
         for key in a.keys(True, True):
             assert torch.equal(a[key], b[key]), key
     # a minibatch holds whole sequences: the padded rows themselves
