@@ -24,7 +24,7 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional import layout_from_starts, pad_rows, runs_pay, sequence_runs
+from rppo_td.functional import layout_from_starts, pad_rows, runs_pay
 
 __all__ = ["ScalarStack", "SequenceLayout", "gather_sequences", "put_leaf", "step_bytes"]
 
@@ -286,25 +286,20 @@ def gather_sequences(
         mask = layout.loss_mask.index_select(0, index)
     else:
         flat, mask = layout.flat_index[index], layout.loss_mask[index]
-    pads = (~mask).flatten().nonzero().squeeze(1)
-    flat_steps = flat.flatten()
-    # each sequence's steps are consecutive in the rollout: where a large leaf of narrow rows
-    # is gathered, such leaves are copied a whole sequence at a time (pad_rows)
-    runs = None
-    if any(runs_pay(value, flat.numel()) for value in td.values(True, True)):
-        runs = sequence_runs(flat, mask, layout.num_workers * layout.time_steps)
-    deferred = None
-    if lazy and out is None and not stacks and lazy_enabled():
-        deferred = PaddedGather(flat, mask, flat_steps, pads, pool or OutputPool(), runs)
+    steps = layout.num_workers * layout.time_steps
+    # the padding positions and runs are computed when a leaf is gathered, not for an output
+    # whose leaves are all left pending
+    at = PaddedGather(flat, mask, pool or OutputPool(), steps)
+    deferred = at if lazy and out is None and not stacks and lazy_enabled() else None
     # Leaves go into a nested dict and the tensordict is built once at the end: setting
     # them one by one into a tensordict with a device costs more than the gathers at small
     # shapes.
     source: dict = {}
     stacked: dict[NestedKey, torch.Tensor] = {}
     for stack in stacks or ():
-        rows = stack.rows.index_select(1, flat_steps)
-        if pads.numel():
-            rows.index_fill_(1, pads, 0)
+        rows = stack.rows.index_select(1, at.flat_steps)
+        if at.pads.numel():
+            rows.index_fill_(1, at.pads, 0)
         for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
             stacked[key] = rows[i].view(*flat.shape, *feature)
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
@@ -313,6 +308,14 @@ def gather_sequences(
         if key not in stacked:
             check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
     gathered: dict[NestedKey, torch.Tensor | Pending] = {}
+    now = [
+        value
+        for key, value in leaves
+        if key not in stacked and (deferred is None or not trackable(value))
+    ]
+    # each sequence's steps are consecutive in the rollout: where a large leaf of narrow rows
+    # is gathered, such leaves are copied a whole sequence at a time (pad_rows)
+    runs = at.runs if any(runs_pay(value, flat.numel()) for value in now) else None
     # narrowest first (step_bytes), then into the rollout's key order
     for key, value in sorted(leaves, key=lambda leaf: step_bytes(leaf[1])):
         if key in stacked:
@@ -326,7 +329,7 @@ def gather_sequences(
                 dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)
             else:
                 dest = None
-            gathered[key] = pad_rows(value, flat_steps, pads, flat.shape, out=dest, runs=runs)
+            gathered[key] = pad_rows(value, at.flat_steps, at.pads, flat.shape, out=dest, runs=runs)
     for key, _ in leaves:  # the rollout's key order
         put_leaf(source, key, gathered[key])
     # A sequence lies in one worker row and position 0 is always real, so the row is read
@@ -337,7 +340,6 @@ def gather_sequences(
     put_leaf(source, keys.worker_index, torch.mul(mask, worker))
     put_leaf(source, keys.time_index, torch.sub(flat, worker * layout.time_steps).mul_(mask))
     # the rollout's identity, so that inv can refuse a subset of its sequences
-    steps = layout.num_workers * layout.time_steps
     put_leaf(source, keys.rollout_steps, torch.mul(mask, steps))
     if deferred is not None:
         return lazy_tree(source, flat.shape, td.device)

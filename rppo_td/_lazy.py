@@ -25,35 +25,58 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from rppo_td._buffers import OutputPool
-from rppo_td.functional import pad_rows
+from rppo_td.functional import pad_rows, runs_pay, sequence_runs
 
 __all__ = ["LazyLeaves", "Pending", "PaddedGather", "lazy_enabled", "raw_leaves", "trackable"]
 
 
 @dataclass(frozen=True)
 class PaddedGather:
-    """The index map shared by every pending leaf of one padder output.
+    """The index map shared by every leaf of one gather (and every pending leaf of its output).
+
+    The positions derived from it are computed when first needed, then kept: a padder output
+    whose leaves are only read through the sampler (which indexes the map per minibatch)
+    never needs them.
 
     Attributes:
         flat_index: ``[N, Lp]`` int64, ``w * T + t`` of each position (0 on padding).
         loss_mask: ``[N, Lp]`` bool.
-        flat_steps: ``flat_index`` flattened, ``[N * Lp]``.
-        pads: ``[P]`` int64, the flat padding positions in ``N * Lp``.
         pool: the padder's ``OutputPool`` (materialised leaves reuse its memory).
-        runs: ``sequence_runs`` of ``flat_index`` (None where no run fits).
+        steps: ``W * T``, the steps of the rollout the leaves are gathered from.
     """
 
     flat_index: torch.Tensor
     loss_mask: torch.Tensor
-    flat_steps: torch.Tensor
-    pads: torch.Tensor
     pool: OutputPool
-    runs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    steps: int
+
+    @cached_property
+    def flat_steps(self) -> torch.Tensor:
+        """``flat_index`` flattened, ``[N * Lp]``."""
+        return self.flat_index.flatten()
+
+    @cached_property
+    def pads(self) -> torch.Tensor:
+        """``[P]`` int64, the flat padding positions in ``N * Lp``."""
+        return (~self.loss_mask).flatten().nonzero().squeeze(1)
+
+    @cached_property
+    def runs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``sequence_runs`` of ``flat_index`` (None where no run fits)."""
+        return sequence_runs(self.flat_index, self.loss_mask, self.steps)
+
+    def rows(self, source: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``source`` ``[W, T, *F]`` padded to ``[N, Lp, *F]`` (into ``out`` when given)."""
+        runs = self.runs if runs_pay(source, self.flat_index.numel()) else None
+        return pad_rows(
+            source, self.flat_steps, self.pads, self.flat_index.shape, out=out, runs=runs
+        )
 
 
 class Pending:
@@ -114,14 +137,7 @@ class Pending:
             dest = None
             if gather.pool.wants(source, math.prod(self.shape)):
                 dest = gather.pool.empty(self.key, self.shape, source)
-            return pad_rows(
-                source,
-                gather.flat_steps,
-                gather.pads,
-                gather.flat_index.shape,
-                out=dest,
-                runs=gather.runs,
-            )
+            return gather.rows(source, out=dest)
 
 
 class LazyLeaves(dict):
