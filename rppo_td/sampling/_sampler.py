@@ -207,7 +207,8 @@ class SequenceSampler:
     per minibatch, whose first touch costs as much as the gather itself on large rollouts. Each
     minibatch is then overwritten by the next: use it (forward and backward) or clone it before
     asking for the next one. A graph that still needs an overwritten minibatch fails loudly in
-    ``backward`` (autograd's in-place check).
+    ``backward`` (autograd's in-place check). The buffer's large leaves (8 MiB and more) come
+    from the sampler's kept memory, so the next epoch reuses it once nothing holds it.
 
     **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
     (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together,
