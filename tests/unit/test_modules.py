@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 from tensordict.nn import TensorDictSequential
@@ -260,6 +260,7 @@ def test_bad_arguments(kwargs, match):
     split=st.integers(1, 49),
     seed=st.integers(0, 2**16),
 )
+@example(center=True, scale=0.015625, offset=32.0, split=1, seed=0)  # a spread of 5e-4 x the offset
 @settings(max_examples=30, deadline=None)
 def test_observation_normalizer_running_statistics(center, scale, offset, split, seed):
     """Chunked updates give the statistics of all the data; the float leaf is divided by its
@@ -279,13 +280,18 @@ def test_observation_normalizer_running_statistics(center, scale, offset, split,
     x = torch.cat((data.float(), torch.zeros(1, 3)))
     td = TensorDict({"observation": {"0": x, "1": torch.zeros(51, dtype=torch.long)}}, [51])
     out = norm(td)
+    atol = 1e-4
     if center:
         expected = (x.double() - mean) / (var + 1e-8).sqrt()
+        # the shift is the mean in float32: off by up to one float32 spacing of the mean,
+        # which the scale magnifies where the spread is small against the offset
+        spacing = mean.abs() * torch.finfo(torch.float32).eps
+        atol += float((spacing / (var + 1e-8).sqrt()).max())
     else:
         expected = x.double() / (mean.square() + var + 1e-8).sqrt()
         assert (out["observation", "0"][-1] == 0).all()  # the env's zero stays zero
     torch.testing.assert_close(
-        out["observation", "0"], expected.clamp(-10, 10).float(), rtol=1e-4, atol=1e-4
+        out["observation", "0"], expected.clamp(-10, 10).float(), rtol=1e-4, atol=atol
     )
     assert out["observation", "1"] is td["observation", "1"]
     assert td["observation", "0"].dtype == torch.float32  # input left as it was
