@@ -1,7 +1,8 @@
 """Entry checks shared by the functional layer and the transforms.
 
-Every check raises ``ValueError`` or ``KeyError`` naming the offending key or argument, the
-expected and the actual shape or dtype. None of them broadcasts.
+Every check raises ``ValueError`` or ``MissingKeyError`` (a ``KeyError`` and a
+``ValueError``) naming the offending key or argument, the expected and the actual shape or
+dtype. None of them broadcasts.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "check_values",
     "done_consistent",
     "get_key",
+    "MissingKeyError",
     "implies",
     "none_true",
     "rollout_shape",
@@ -46,13 +48,27 @@ def _name(key: NestedKey | str) -> str:
     return repr(key)
 
 
+class MissingKeyError(KeyError, ValueError):
+    """A key the input must hold is missing: both a ``KeyError`` and a ``ValueError``.
+
+    ``except KeyError`` (a lookup that failed) and ``except ValueError`` (bad input, what the
+    docstrings promise) both catch it, and it prints its message as written (a plain
+    ``KeyError`` prints the ``repr`` of its message, quotes escaped).
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def get_key(td: TensorDictBase, key: NestedKey, *, hint: str = "") -> torch.Tensor:
-    """Returns ``td[key]`` or raises a ``KeyError`` naming the key and what is there."""
+    """Returns ``td[key]`` or raises a ``MissingKeyError`` naming the key and what is there."""
     value = td.get(key, None)
     if value is None:
         leaves = sorted(str(k) for k in td.keys(include_nested=True, leaves_only=True))
         extra = f" {hint}" if hint else ""
-        raise KeyError(f"key {_name(key)} is missing from the tensordict (has {leaves}).{extra}")
+        raise MissingKeyError(
+            f"key {_name(key)} is missing from the tensordict (has {leaves}).{extra}"
+        )
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"key {_name(key)} must hold a tensor, got {type(value).__name__}")
     return value

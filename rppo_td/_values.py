@@ -19,7 +19,7 @@ from tensordict import NestedKey, TensorDictBase
 from torch import nn
 from torchrl.modules import GRUModule, LSTMModule
 
-from rppo_td._validation import check_dtype, get_key
+from rppo_td._validation import MissingKeyError, check_dtype, get_key
 
 __all__ = ["episode_ends", "network_values"]
 
@@ -117,7 +117,7 @@ def _sub_tensordict(td: TensorDictBase, key: NestedKey, who: str) -> TensorDictB
     """``td[key]`` when it is a tensordict, else a ``KeyError`` naming it."""
     value = td.get(key, None)
     if not isinstance(value, TensorDictBase):
-        raise KeyError(f"{who} needs the sub-tensordict {key!r} (the next step's data)")
+        raise MissingKeyError(f"{who} needs the sub-tensordict {key!r} (the next step's data)")
     return value
 
 

@@ -24,6 +24,7 @@ from torchrl.data import Composite, Unbounded
 from torchrl.envs.transforms import TensorDictPrimer
 from torchrl.modules import recurrent_mode
 
+from rppo_td._validation import MissingKeyError
 from rppo_td.modules._actor_critic import RecurrentActorCritic
 
 __all__ = ["RecurrentActor", "RecurrentCritic", "RecurrentPolicy", "recurrent_state_primer"]
@@ -67,7 +68,7 @@ class _Inputs:
         self.obs = obs if self.recurrent else obs.unsqueeze(1)
         is_init = flat.get(module.is_init_key, None)
         if is_init is None:
-            raise KeyError(
+            raise MissingKeyError(
                 f"{type(module).__name__} needs {module.is_init_key!r} ([*B, 1] bool, True at "
                 "an episode's first step; TorchRL's InitTracker writes it) to reset its state"
             )

@@ -16,7 +16,7 @@ from torchrl.objectives.utils import ValueEstimators, distance_loss
 
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
 from rppo_td._keys import RolloutKeys
-from rppo_td._validation import get_key
+from rppo_td._validation import MissingKeyError, get_key
 from rppo_td.functional import masked_mean, masked_normalize
 from rppo_td.objectives._value import GAEEstimator
 
@@ -403,7 +403,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             for key in (*states, is_init):
                 if tensordict.get(key, None) is None:
                     what = "is_init" if key == is_init else "recurrent state"
-                    raise KeyError(
+                    raise MissingKeyError(
                         f"RecurrentPPOLoss: the {role}'s {type(module).__name__} reads "
                         f"{key!r} (its {what}, at each sequence's first position), which "
                         "the minibatch lacks"

@@ -7,6 +7,7 @@ from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
+    MissingKeyError,
     check_device,
     check_dtype,
     check_not_meta,
@@ -80,7 +81,7 @@ class EpisodeSplitter(RolloutTransform):
         done = self._optional(tensordict, keys.done, shape)
         if done is None:
             if terminated is None or truncated is None:
-                raise KeyError(
+                raise MissingKeyError(
                     f"EpisodeSplitter needs {keys.done!r}, or {keys.terminated!r} and "
                     f"{keys.truncated!r} to make it; the tensordict has "
                     f"{sorted(str(k) for k in tensordict.keys(True, True))}"

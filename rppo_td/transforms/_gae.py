@@ -8,6 +8,7 @@ from tensordict.nn import TensorDictModuleBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
+    MissingKeyError,
     check_dtype,
     check_not_padded,
     check_not_split_trajs,
@@ -155,7 +156,7 @@ class GAE(RolloutTransform):
             return done, get_key(tensordict, keys.truncated) if has_truncated else None
         truncated = tensordict.get(keys.truncated, None)
         if truncated is None:
-            raise KeyError(
+            raise MissingKeyError(
                 f"GAE needs {keys.done!r} or {keys.truncated!r} beside {keys.terminated!r}; "
                 "found neither"
             )
@@ -176,7 +177,7 @@ class GAE(RolloutTransform):
         if not (missing_now or missing_next) or self.value_network is None:
             return
         if _as_tuple(keys.next_state_value) != ("next", *_as_tuple(keys.state_value)):
-            raise KeyError(
+            raise MissingKeyError(
                 f"GAE with a value_network computes {keys.next_state_value!r} by calling the "
                 f"network on tensordict['next']; it must be ('next', *{keys.state_value!r})"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -30,8 +31,9 @@ class SequenceStartStates(RolloutTransform):
     That state was computed during collection, by the network of that time; after the first
     epoch of an update it is stale. This transform replaces it, before each epoch:
 
-    - ``start_state="stored"``: the state stored during collection (zero at an episode's
-      first step).
+    - ``start_state="stored"`` (the default, as in ``TrainConfig`` and ``rppo-train``): the
+      state stored during collection (zero at an episode's first step). Without burn-in the
+      states are left as they are.
     - ``start_state="refreshed"``: recomputed by the current networks, running each
       worker's row from its first stored state and starting from zero at each episode start:
       each ``is_init``, and where the input has ``episode_id``, wherever it changes (so a
@@ -75,8 +77,8 @@ class SequenceStartStates(RolloutTransform):
 
     Args:
         modules: one module or a sequence of them (e.g. ``[actor, critic]``).
-        start_state: ``"stored"``, ``"refreshed"`` (the default) or ``"zero"``.
-        burn_in: ``K >= 0`` steps of burn-in.
+        start_state: ``"stored"`` (the default), ``"refreshed"`` or ``"zero"``.
+        burn_in: ``K >= 0`` steps of burn-in (an integer: ``int`` or e.g. ``numpy.int64``).
         keys: key overrides (``RolloutKeys``; also ``set_keys(...)``).
 
     Raises:
@@ -121,7 +123,7 @@ class SequenceStartStates(RolloutTransform):
         self,
         modules: TensorDictModuleBase | Sequence[TensorDictModuleBase],
         *,
-        start_state: StartState = "refreshed",
+        start_state: StartState = "stored",
         burn_in: int = 0,
         keys: RolloutKeys | None = None,
     ) -> None:
@@ -130,8 +132,9 @@ class SequenceStartStates(RolloutTransform):
             raise ValueError(
                 f"start_state must be one of {list(START_STATES)}, got {start_state!r}"
             )
-        if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
+        if isinstance(burn_in, bool) or not isinstance(burn_in, numbers.Integral) or burn_in < 0:
             raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
+        burn_in = int(burn_in)
         # one module (a bare torch module too, refused below by name), or an iterable of them
         one = isinstance(modules, torch.nn.Module) and not isinstance(modules, torch.nn.ModuleList)
         module_list = [modules] if one or not isinstance(modules, Iterable) else list(modules)
@@ -169,6 +172,20 @@ class SequenceStartStates(RolloutTransform):
             if (param := next(iter(module.parameters()), None)) is not None
         }
 
+        self._list_module_keys()
+
+    def _list_module_keys(self) -> None:
+        """Lists the modules' inputs and state keys in ``in_keys``, the states in ``out_keys``."""
+        read = [key for key in self._input_keys() if key not in self.in_keys]
+        self.in_keys = [*self.in_keys, *read, *self.state_keys]
+        self.out_keys = list(self.state_keys)
+
+    def set_keys(self, **kwargs: NestedKey) -> SequenceStartStates:
+        """``RolloutTransform.set_keys``; the modules' own keys stay listed."""
+        super().set_keys(**kwargs)
+        self._list_module_keys()
+        return self
+
     def _repr_args(self) -> str:
         return f"start_state={self.start_state!r}, burn_in={self.burn_in}"
 
@@ -192,6 +209,7 @@ class SequenceStartStates(RolloutTransform):
         )
         check_shape(is_init_key, is_init, (*tensordict.batch_size, 1))
         check_dtype(is_init_key, is_init, torch.bool)
+        self._needed(tensordict)  # every key the modules read, refused by name when missing
         if tensordict.get(self.keys.loss_mask, None) is not None:
             return self._padded(tensordict)
         return self._rollout(tensordict)
@@ -246,11 +264,18 @@ class SequenceStartStates(RolloutTransform):
             or real.numel() != num_steps
             or not bool((torch.bincount(dest, minlength=num_steps) == 1).all())
         ):
+            if recorded is not None:
+                total = int(recorded.flatten()[int(real[0])])
+                held = f"these hold {real.numel()} of the {total} real steps of their rollout"
+            else:
+                held = (
+                    f"these hold {real.numel()} real steps, not every step of a "
+                    f"[{num_workers}, {num_time}] rollout once"
+                )
             raise ValueError(
                 "SequenceStartStates needs all the padded sequences of one rollout, every step "
-                f"once: these hold {real.numel()} real steps for a [{num_workers}, {num_time}] "
-                "rollout. Apply it to SequencePadder's whole output, before the sampler splits "
-                "it into minibatches"
+                f"once: {held}. Apply it to SequencePadder's whole output, before the sampler "
+                "splits it into minibatches"
             )
         first = worker[:, 0] * num_time + time[:, 0]
         if self.start_state == "refreshed" and self._by_sequences:
@@ -386,8 +411,9 @@ class SequenceStartStates(RolloutTransform):
             or (expected is not None and shape[len(batch) :] != expected)
         ):
             want = list(batch) + (list(expected) if expected is not None else ["*S"])
+            kind = "float" if dtype is None else str(dtype)  # the module's parameters' dtype
             raise ValueError(
-                f"{key!r} must be a float state of shape {want}, got {value.dtype} {list(shape)}"
+                f"{key!r} must be a {kind} state of shape {want}, got {value.dtype} {list(shape)}"
             )
 
     # ---- the states ---------------------------------------------------------------------------

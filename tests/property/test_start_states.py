@@ -6,7 +6,10 @@ Each property is checked against a loop reference that steps the network's own `
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -307,12 +310,57 @@ def test_refusals_name_the_setting():
         SequenceStartStates(RecurrentActor(net), start_state="zero")(td)
     chunked = SequenceChunker(sequence_length=2)(EpisodeSplitter()(td))
     padded = SequencePadder()(chunked)
-    with pytest.raises(ValueError, match="all the padded sequences of one rollout"):
+    with pytest.raises(ValueError, match="these hold 4 of the 8 real steps of their rollout"):
         SequenceStartStates(RecurrentActor(net))(padded[:2])
     with pytest.raises(KeyError, match="episode_id"):
         SequenceStartStates(RecurrentActor(net), start_state="stored", burn_in=2)(
             padded.exclude("episode_id")
         )
+
+
+@pytest.mark.parametrize("start_state", ["stored", "refreshed", "zero"])
+@pytest.mark.parametrize(
+    "missing", ["observation", "recurrent_state_c", "critic_recurrent_state_h"]
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_missing_input_is_a_value_error_naming_it(start_state, missing, padded):
+    # the modules' observation was a KeyError from inside the module, naming nothing of ours
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3, shared_critic=False)
+    td = _small_rollout(net)
+    if padded:
+        td = SequencePadder()(td)
+    transform = SequenceStartStates(_modules(net), start_state=start_state)
+    with pytest.raises(ValueError, match=rf"key '{missing}' is missing.*SequenceStartStates reads"):
+        transform(td.exclude(missing))
+    with pytest.raises(KeyError):  # a KeyError too, for code that catches lookups
+        transform(td.exclude(missing))
+
+
+def test_in_and_out_keys_list_what_is_read_and_written():
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3, shared_critic=False)
+    transform = SequenceStartStates(_modules(net), start_state="refreshed")
+    states = list(net.state_keys)
+    assert transform.out_keys == states
+    assert {"observation", "is_init", *states} <= set(transform.in_keys)
+    transform.set_keys(is_init="first")
+    assert transform.out_keys == states
+    assert {"observation", "first", *states} <= set(transform.in_keys)
+
+
+def test_the_default_is_the_stored_state_as_in_the_trainer():
+    # burn_in alone burns in from the stored states (with "refreshed" it would be skipped)
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    td = _small_rollout(net, workers=3, steps=9)
+    default = SequenceStartStates(_modules(net), burn_in=np.int64(2))  # a numpy integer too
+    assert (default.start_state, default.burn_in) == ("stored", 2)
+    stored = SequenceStartStates(_modules(net), start_state="stored", burn_in=2)
+    out, expected = default(td), stored(td)
+    for key in net.state_keys:
+        torch.testing.assert_close(out[key], expected[key], rtol=0, atol=0)
+    assert not torch.equal(out["recurrent_state_h"], td["recurrent_state_h"])  # burnt in
+    kept = SequenceStartStates(_modules(net))(td)  # no burn-in: the stored states as they are
+    for key in net.state_keys:
+        assert torch.equal(kept[key], td[key])
 
 
 def _small_rollout(net, workers=2, steps=5):
@@ -345,10 +393,14 @@ def test_malformed_states_are_refused_by_name(start_state, burn_in):
     for value in bad.values():
         wrong = td.clone()
         wrong.set("recurrent_state_h", value)
-        message = r"'recurrent_state_h' must be a float state of shape \[2, 5, 1, 3\]"
+        # the expected dtype and shape, then the actual ones
+        message = re.escape(
+            "'recurrent_state_h' must be a torch.float32 state of shape [2, 5, 1, 3], got "
+            f"{value.dtype} {list(value.shape)}"
+        )
         with pytest.raises(ValueError, match=message):
             transform(wrong)
-        with pytest.raises(ValueError, match="'recurrent_state_h' must be a float state"):
+        with pytest.raises(ValueError, match=r"'recurrent_state_h' must be a torch\.float32 state"):
             transform(SequencePadder()(wrong))
 
 
