@@ -156,16 +156,16 @@ class SequenceStartStates(RolloutTransform):
             if new:
                 plan.append((module, own))
         # a plain tuple: the networks stay out of this transform's parameters and state_dict
-        self._plan = tuple(plan)
+        self._plan: tuple[tuple[Any, tuple[NestedKey, ...]], ...] = tuple(plan)
         self.state_keys: tuple[NestedKey, ...] = tuple(seen)
-        self.start_state = start_state
-        self.burn_in = burn_in
+        self.start_state: StartState = start_state
+        self.burn_in: int = burn_in
         # rppo_td's modules run whole sequences in one call (final_states)
-        self._by_sequences = all(hasattr(module, "final_states") for module, _ in plan)
-        self._state_shapes = {
+        self._by_sequences: bool = all(hasattr(module, "final_states") for module, _ in plan)
+        self._state_shapes: dict[NestedKey, tuple[int, ...]] = {
             key: shape for module, own in plan for key in own if (shape := _state_shape(module))
         }
-        self._state_dtypes = {
+        self._state_dtypes: dict[NestedKey, torch.dtype] = {
             key: param.dtype
             for module, own in plan
             for key in own
