@@ -118,15 +118,19 @@ class SequenceLayout:
     def empty_buffer(
         self, td: TensorDictBase, rows: int, pool: OutputPool | None = None
     ) -> dict[NestedKey, torch.Tensor]:
-        """Uninitialised ``[rows, Lp, *F]`` tensors for every tensor leaf of ``td``.
+        """Uninitialised ``[rows, Lp, *F]`` tensors for the tensor leaves of ``td``.
 
         ``gather(..., out=buffer)`` writes minibatches of up to ``rows`` sequences into them.
+        Leaves that require grad get none: ``out=`` operations are not recorded by autograd,
+        so ``gather`` writes them into fresh memory, each minibatch in its own graph.
         With ``pool`` the large ones are taken from its memory (``OutputPool``), so that the
         buffer of one epoch is the next epoch's too once nothing holds it.
         """
         length = self.flat_index.shape[1]
         buffer = {}
         for key, value in td.items(include_nested=True, leaves_only=True):
+            if value.requires_grad:
+                continue
             shape = (rows, length, *value.shape[2:])
             if pool is not None:
                 buffer[key] = pool.empty(key, shape, value)
@@ -234,14 +238,15 @@ class ScalarStack:
     def of(td: TensorDictBase, device: torch.device) -> list[ScalarStack]:
         """The stacks of ``td``'s ``[W, T]`` single-number leaves, two or more per dtype.
 
-        Only plain tensors on ``device`` (the sequence ids') qualify; every other leaf is
-        gathered alone, with its checks.
+        Only plain tensors on ``device`` (the sequence ids') that do not require grad
+        qualify; every other leaf is gathered alone, with its checks.
         """
         groups: dict[torch.dtype, list[tuple[NestedKey, torch.Tensor]]] = {}
         steps = td.batch_size.numel()
         for key, value in td.items(include_nested=True, leaves_only=True):
             if (
                 type(value) is torch.Tensor
+                and not value.requires_grad  # a stack would pass its graph to every leaf
                 and value.device == device
                 and value.numel() == steps
                 and steps
@@ -323,7 +328,7 @@ def gather_sequences(
         elif deferred is not None and trackable(value):
             gathered[key] = Pending(key, value, deferred)
         else:
-            if out is not None:
+            if out is not None and key in out:
                 dest = out[key][: flat.shape[0]]
             elif pool is not None and pool.wants(value, flat.numel() * math.prod(value.shape[2:])):
                 dest = pool.empty(key, (*flat.shape, *value.shape[2:]), value)

@@ -15,9 +15,15 @@ A pending leaf stands for the rollout leaf's values *at padding time*. The rollo
 copied, so the leaf's version counter (``torch.Tensor._version``, bumped by every in-place
 write to it or to a view of it) is recorded; a pending leaf whose rollout leaf was written
 in place since is refused with a ``ValueError`` naming the key, never gathered from the
-new values. Leaves that cannot be tracked so (inference tensors, leaves that require grad,
-tensor subclasses, non-tensor data) and outputs made in inference mode or under
-``torch.compile`` are padded at once, as before.
+new values (writes through ``.data`` or a NumPy view bypass the counter and are not seen).
+Leaves that cannot be tracked so (inference tensors, tensor subclasses, non-tensor data) and
+outputs made in inference mode or under ``torch.compile`` are padded at once, as before.
+
+A leaf that requires grad is left pending too, with the grad mode of padding time: read
+whole, it is gathered in that mode (the graph an eager padder would have recorded); read per
+minibatch by the sampler, each minibatch is gathered from the rollout leaf in its own graph
+(recorded where both padding time and the read have grad enabled), so a ``backward`` per
+minibatch works, as it does on the chunked rollout.
 """
 
 from __future__ import annotations
@@ -82,13 +88,20 @@ class PaddedGather:
 class Pending:
     """A padded leaf not gathered yet: its rollout leaf ``[W, T, *F]`` and that leaf's version."""
 
-    __slots__ = ("gather", "key", "source", "version")
+    __slots__ = ("gather", "grad", "key", "source", "version")
 
     def __init__(self, key: NestedKey, source: torch.Tensor, gather: PaddedGather) -> None:
         self.key = key
         self.source = source
         self.version = source._version
         self.gather = gather
+        # whether an eager padder would have recorded the gather's graph
+        self.grad = source.requires_grad and torch.is_grad_enabled()
+
+    @property
+    def requires_grad(self) -> bool:
+        """Whether the padded leaf, once gathered, requires grad (as an eager padder's would)."""
+        return self.grad
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -123,17 +136,20 @@ class Pending:
     ) -> torch.Tensor:
         """The padded leaf's rows for the positions ``flat_steps`` (``[B * Lp]``).
 
-        ``runs``: ``sequence_runs`` of the same positions (see ``pad_rows``).
+        ``runs``: ``sequence_runs`` of the same positions (see ``pad_rows``). A graph is
+        recorded where grad was enabled at padding time and is now (eager: an index of the
+        padded leaf).
         """
-        return pad_rows(
-            self.checked_source(), flat_steps, pads, torch.Size(shape), out=out, runs=runs
-        )
+        source = self.checked_source()
+        with torch.set_grad_enabled(self.grad and torch.is_grad_enabled()):
+            return pad_rows(source, flat_steps, pads, torch.Size(shape), out=out, runs=runs)
 
     def materialize(self) -> torch.Tensor:
         """The whole padded leaf ``[N, Lp, *F]``, in the padder's pooled memory."""
         gather, source = self.gather, self.checked_source()
-        # a read inside inference mode still makes the ordinary tensor an eager padder made
-        with torch.inference_mode(False):
+        # a read inside inference mode still makes the ordinary tensor an eager padder made,
+        # and a read under no_grad the graph it recorded
+        with torch.inference_mode(False), torch.set_grad_enabled(self.grad):
             dest = None
             if gather.pool.wants(source, math.prod(self.shape)):
                 dest = gather.pool.empty(self.key, self.shape, source)
@@ -238,10 +254,7 @@ def lazy_enabled() -> bool:
 def trackable(value: object) -> bool:
     """Whether a rollout leaf can be left pending: a plain tensor whose writes are counted."""
     return (
-        type(value) is torch.Tensor
-        and not value.requires_grad
-        and not value.is_inference()
-        and value.layout == torch.strided
+        type(value) is torch.Tensor and not value.is_inference() and value.layout == torch.strided
     )
 
 

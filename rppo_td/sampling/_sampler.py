@@ -101,8 +101,8 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
 def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
     """Bytes of ``td``'s tensor leaves, and whether any of them requires grad.
 
-    A padder output's leaves not gathered yet count as the bytes they will hold (and are
-    not gathered here).
+    A padder output's leaves not gathered yet count as the bytes they will hold, and as
+    requiring grad where they will (and are not gathered here).
     """
     leaves = raw_leaves(td) if type(td) is TensorDict else None
     if leaves is None:
@@ -111,6 +111,7 @@ def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
     for _, value in leaves:
         if type(value) is Pending:
             size += value.nbytes
+            grad = grad or value.requires_grad
         elif isinstance(value, torch.Tensor):
             size += value.numel() * value.element_size()
             grad = grad or value.requires_grad
@@ -208,7 +209,9 @@ class SequenceSampler:
     minibatch is then overwritten by the next: use it (forward and backward) or clone it before
     asking for the next one. A graph that still needs an overwritten minibatch fails loudly in
     ``backward`` (autograd's in-place check). The buffer's large leaves (8 MiB and more) come
-    from the sampler's kept memory, so the next epoch reuses it once nothing holds it.
+    from the sampler's kept memory, so the next epoch reuses it once nothing holds it. Leaves
+    that require grad are the exception: ``out=`` writes are not recorded by autograd, so each
+    minibatch gets them in fresh memory, in a graph of its own.
 
     **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
     (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together,
@@ -314,6 +317,8 @@ class SequenceSampler:
     ) -> None:
         check_minibatch_args(num_minibatches, balance, generator)
         check_pad_to(pad_to)
+        if not isinstance(reuse_memory, bool):
+            raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
         if gather_epoch is not None and not isinstance(gather_epoch, bool):
             raise ValueError(f"gather_epoch must be True, False or None, got {gather_epoch!r}")
         check_shard_args(rank, world_size, "SequenceSampler")
@@ -323,7 +328,7 @@ class SequenceSampler:
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance
-        self.reuse_memory = bool(reuse_memory)
+        self.reuse_memory = reuse_memory
         self.gather_epoch = gather_epoch
         self.keys = keys if keys is not None else DEFAULT_KEYS
         self._pool = OutputPool()

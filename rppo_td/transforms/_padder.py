@@ -42,11 +42,16 @@ class SequencePadder(RolloutTransform):
     from the rollout per minibatch, so padding then sampling costs one gather, not two. Such a
     leaf stands for the rollout's values at padding time: a rollout leaf written in place
     since (its version counter moved) is refused with a ``ValueError`` naming the key when it
-    is read. Leaves that require grad, inference tensors, and outputs made in inference mode
-    or under ``torch.compile`` are gathered at once. On CPU the gathered leaves are written
-    into memory the padder reuses from its earlier outputs once nothing holds them any more
-    (``del`` them or let them go), which spares a large rollout the kernel's first touch of
-    fresh pages every update: build the padder once and call it every update.
+    is read. (The counter sees writes made through torch, ``.data`` excluded; a write
+    through a NumPy view of the rollout, ``td[key].numpy()[:] = ...``, is not seen: read or
+    clone the output before writing the rollout that way.) A leaf that requires grad stays
+    pending too, gathered with the grad mode of padding time, so that the sampler gives each
+    minibatch its own graph (a ``backward`` per minibatch works). Inference tensors, and
+    outputs made in inference mode or under ``torch.compile``, are gathered at once. On CPU
+    the gathered leaves are written into memory the padder reuses from its earlier outputs
+    once nothing holds them any more (``del`` them or let them go), which spares a large
+    rollout the kernel's first touch of fresh pages every update: build the padder once and
+    call it every update.
 
     Refused with a ``ValueError`` naming the key: a tensordict that is padded already
     (``loss_mask`` present), a rollout that already holds ``worker_index``, ``time_index`` or

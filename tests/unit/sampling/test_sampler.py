@@ -182,6 +182,13 @@ def test_gather_epoch_refuses_non_bools(bad):
         SequenceSampler(2, gather_epoch=bad)
 
 
+@pytest.mark.parametrize("bad", [1, "no", None, 0.0])
+def test_reuse_memory_refuses_non_bools(bad):
+    # "no" turned the overwriting mode on
+    with pytest.raises(ValueError, match=rf"reuse_memory must be True or False, got {bad!r}"):
+        SequenceSampler(2, reuse_memory=bad)
+
+
 @pytest.mark.parametrize("gather_epoch", [None, True, False])
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_data_is_read_when_the_minibatches_are_asked_for(gather_epoch, padded):

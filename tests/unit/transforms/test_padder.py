@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder
+from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSampler
 from tests.unit._data import small_rollout
 
 
@@ -213,14 +213,51 @@ def test_read_in_inference_mode_gives_an_ordinary_tensor():
 
 
 def test_leaves_that_cannot_be_tracked_are_padded_at_once():
+    with torch.inference_mode():
+        assert _pending(SequencePadder()(_chunked(2))) == set()
+
+
+def test_a_leaf_that_requires_grad_keeps_the_graph_of_padding_time():
     td = _chunked(2)
     td["observation"] = td["observation"].clone().requires_grad_(True)
     padded = SequencePadder()(td)
-    assert "observation" not in _pending(padded)
-    padded["observation"].sum().backward()  # the graph runs back to the rollout
-    assert td["observation"].grad is not None
-    with torch.inference_mode():
-        assert _pending(SequencePadder()(_chunked(2))) == set()
+    assert "observation" in _pending(padded)
+    with torch.no_grad():  # read later under no_grad: still the graph an eager padder made
+        value = padded["observation"]
+    assert value.requires_grad
+    value.sum().backward()  # the graph runs back to the rollout
+    # every real step once: a gradient of 1 on every step of the rollout
+    assert torch.equal(td["observation"].grad, torch.ones_like(td["observation"]))
+    with torch.no_grad():  # padded without grad: no graph, as an eager padder's
+        assert not SequencePadder()(td)["observation"].requires_grad
+
+
+@pytest.mark.parametrize("gather_epoch", [None, False])  # True shares one graph (documented)
+@pytest.mark.parametrize("reuse_memory", [False, True])
+def test_padder_then_sampler_backward_per_minibatch_with_a_grad_leaf(gather_epoch, reuse_memory):
+    # every minibatch indexed the padder's one gather, whose graph the first backward freed
+    td = _chunked(3)
+    leaf = td["observation"].clone().requires_grad_(True)
+    td["observation"] = leaf
+    # a one-number float leaf with a graph beside ones without: stacked together, the graph
+    # passed to every leaf of the stack
+    td["state_value"] = td["state_value"].clone().requires_grad_(True)
+    weights = torch.rand(leaf.shape)
+    sampler = SequenceSampler(
+        3, generator=torch.Generator().manual_seed(0), gather_epoch=gather_epoch,
+        reuse_memory=reuse_memory,
+    )  # fmt: skip
+    for source in (td, SequencePadder()(td)):
+        leaf.grad = None
+        for minibatch in sampler(source):
+            assert not minibatch["next", "reward"].requires_grad  # no graph leaks across leaves
+            assert minibatch["state_value"].requires_grad
+            rows = minibatch["observation"]
+            steps = minibatch["worker_index"] * td.batch_size[1] + minibatch["time_index"]
+            picked = weights.flatten(0, 1)[steps] * minibatch["loss_mask"].unsqueeze(-1)
+            (rows * picked).sum().backward()  # one backward per minibatch
+        # each real step once: d/d leaf of sum(leaf * weights) over every step is the weights
+        torch.testing.assert_close(leaf.grad, weights)
 
 
 def test_a_write_to_the_rollout_after_padding_is_refused_by_name():
