@@ -14,7 +14,15 @@ from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
-from rppo_td._lazy import PaddedGather, Pending, lazy_enabled, lazy_tree, trackable
+from rppo_td._lazy import (
+    PaddedGather,
+    Pending,
+    group_dims,
+    lazy_enabled,
+    lazy_tree,
+    nest_groups,
+    trackable,
+)
 from rppo_td._validation import (
     check_dtype,
     check_not_padded,
@@ -346,6 +354,9 @@ def gather_sequences(
     put_leaf(source, keys.time_index, torch.sub(flat, worker * layout.time_steps).mul_(mask))
     # the rollout's identity, so that inv can refuse a subset of its sequences
     put_leaf(source, keys.rollout_steps, torch.mul(mask, steps))
+    groups = group_dims(td)  # nested groups of their own batch dims ([W, T, n_agents])
+    if groups:
+        nest_groups(source, flat.shape, groups, td.device, lazy=deferred is not None)
     if deferred is not None:
         return lazy_tree(source, flat.shape, td.device)
     # every leaf was built above as [B, Lp, *F] on td's device: the checks of

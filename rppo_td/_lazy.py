@@ -39,7 +39,16 @@ from tensordict import NestedKey, TensorDict, TensorDictBase
 from rppo_td._buffers import OutputPool
 from rppo_td.functional import pad_rows, runs_pay, sequence_runs
 
-__all__ = ["LazyLeaves", "Pending", "PaddedGather", "lazy_enabled", "raw_leaves", "trackable"]
+__all__ = [
+    "LazyLeaves",
+    "PaddedGather",
+    "Pending",
+    "group_dims",
+    "lazy_enabled",
+    "nest_groups",
+    "raw_leaves",
+    "trackable",
+]
 
 
 @dataclass(frozen=True)
@@ -282,6 +291,7 @@ def raw_leaves(td: TensorDictBase, prefix: tuple[str, ...] = ()):
 
 def lazy_tree(source: dict, batch_size: torch.Size, device) -> TensorDict:
     """A ``TensorDict`` of ``source`` (nested dicts of tensors and ``Pending``) with lazy dicts."""
+    # a nested tensordict (a group of its own batch dims, nest_groups) is kept as it is
     level = {
         key: lazy_tree(value, batch_size, device) if type(value) is dict else value
         for key, value in source.items()
@@ -294,6 +304,60 @@ def _with_lazy_leaves(level: dict, batch_size: torch.Size, device) -> TensorDict
     td = TensorDict._new_unsafe(batch_size=batch_size, device=device)
     td._tensordict = LazyLeaves(level)
     return td
+
+
+def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], torch.Size]:
+    """The batch dims past ``td``'s first ``lead`` of each nested tensordict that has more.
+
+    TorchRL's multi-agent groups are such: ``("agents",)`` of batch ``[W, T, n_agents]`` in a
+    ``[W, T]`` rollout gives ``{("agents",): [n_agents]}``. Empty for most rollouts. A padded
+    output's pending leaves are not gathered to find them.
+    """
+    found: dict[tuple[str, ...], torch.Size] = {}
+
+    def walk(node: TensorDictBase, prefix: tuple[str, ...]) -> None:
+        values = dict.items(node._tensordict) if type(node) is TensorDict else node.items()
+        for key, value in values:
+            if isinstance(value, TensorDictBase):
+                path = (*prefix, key)
+                if value.batch_dims > lead:
+                    found[path] = value.batch_size[lead:]
+                walk(value, path)
+
+    walk(td, ())
+    return found
+
+
+def nest_groups(
+    source: dict,
+    batch_size: torch.Size,
+    groups: dict[tuple[str, ...], torch.Size],
+    device,
+    *,
+    lazy: bool = False,
+) -> dict:
+    """``source`` (nested dicts) with each group of ``groups`` made a tensordict of its dims.
+
+    The group at ``path`` gets batch ``[*batch_size, *groups[path]]`` (``group_dims``); the
+    rest stays nested dicts, which become tensordicts of ``batch_size`` when the whole is
+    built. With ``lazy`` a group keeps its ``Pending`` leaves pending. ``source`` is changed
+    in place and returned.
+    """
+    for path in sorted(groups, key=len, reverse=True):  # the deepest first
+        parent: object = source
+        for part in path[:-1]:
+            parent = parent.get(part) if type(parent) is dict else None
+        if type(parent) is not dict:
+            continue  # not in this output
+        level = parent.get(path[-1])
+        if type(level) is not dict:
+            continue  # not in this output
+        size = torch.Size((*batch_size, *groups[path]))
+        if lazy:
+            parent[path[-1]] = lazy_tree(level, size, device)
+        else:
+            parent[path[-1]] = TensorDict._new_unsafe(level, batch_size=size, device=device)
+    return source
 
 
 def has_pending(td: TensorDictBase) -> bool:

@@ -19,7 +19,7 @@ from rppo_td._layout import (
     put_leaf,
     step_bytes,
 )
-from rppo_td._lazy import Pending, raw_leaves
+from rppo_td._lazy import Pending, group_dims, nest_groups, raw_leaves
 from rppo_td._validation import (
     check_balance,
     check_dtype,
@@ -91,11 +91,15 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
     # one split per leaf (views), then one tensordict per minibatch
     parts = [(key, value.split_with_sizes(sizes)) for key, value in leaves]
     rest = td.batch_size[1:]
+    groups = group_dims(td)
     for i, size in enumerate(sizes):
         source: dict = {}
         for key, pieces in parts:
             put_leaf(source, key, pieces[i])
-        yield TensorDict._new_unsafe(source, batch_size=torch.Size((size, *rest)), device=td.device)
+        batch = torch.Size((size, *rest))
+        if groups:
+            nest_groups(source, batch, groups, td.device)
+        yield TensorDict._new_unsafe(source, batch_size=batch, device=td.device)
 
 
 def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
@@ -182,9 +186,11 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
     source: dict = {}
     for key, _ in leaves:
         put_leaf(source, key, gathered[key])
-    return TensorDict._new_unsafe(
-        source, batch_size=torch.Size((index.numel(), *td.batch_size[1:])), device=td.device
-    )
+    batch = torch.Size((index.numel(), *td.batch_size[1:]))
+    groups = group_dims(td)  # nested groups of their own batch dims ([N, Lp, n_agents])
+    if groups:
+        nest_groups(source, batch, groups, td.device)
+    return TensorDict._new_unsafe(source, batch_size=batch, device=td.device)
 
 
 class SequenceSampler:

@@ -8,6 +8,7 @@ from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
 from rppo_td._layout import SequenceLayout
+from rppo_td._lazy import group_dims
 from rppo_td._validation import (
     check_dtype,
     check_not_meta,
@@ -201,6 +202,12 @@ class SequencePadder(RolloutTransform):
             )
         own = set(keys.index_keys())
         out = TensorDict(batch_size=[num_workers, num_time], device=tensordict.device)
+        # nested groups of their own batch dims ([N, Lp, n_agents] -> [W, T, n_agents])
+        for path, dims in sorted(group_dims(tensordict).items(), key=lambda item: len(item[0])):
+            out.set(
+                path,
+                TensorDict(batch_size=[num_workers, num_time, *dims], device=tensordict.device),
+            )
         for key, value in tensordict.items(
             include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor
         ):

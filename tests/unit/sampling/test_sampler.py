@@ -248,3 +248,51 @@ def test_ids_and_offsets_on_two_devices_are_refused():
     td["sequence_offset"] = td["sequence_offset"].to("meta")
     with pytest.raises(ValueError, match="sequence_offset is on meta, but sequence_id is on cpu"):
         list(SequenceSampler(2)(td))
+
+
+def _with_agents(workers=3, steps=10, agents=3):
+    """A rollout with TorchRL's multi-agent layout: ``("agents",)`` of batch ``[W, T, n]``."""
+    g = torch.Generator().manual_seed(1)
+    done = torch.rand(workers, steps, 1, generator=g) < 0.2
+    group = TensorDict(
+        {
+            "observation": torch.randn(workers, steps, agents, 5, generator=g),
+            "deep": TensorDict(
+                {"x": torch.randn(workers, steps, agents, 2, 4, generator=g)},
+                batch_size=[workers, steps, agents, 2],
+            ),
+        },
+        batch_size=[workers, steps, agents],
+    )
+    td = TensorDict(
+        {"agents": group, "state_value": torch.randn(workers, steps, 1, generator=g),
+         "next": {"done": done}},
+        batch_size=[workers, steps],
+    )  # fmt: skip
+    return SequenceChunker(sequence_length=4)(EpisodeSplitter()(td))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("gather_epoch", [None, False, True])
+@pytest.mark.parametrize("reuse_memory", [False, True])
+def test_nested_groups_keep_their_own_batch_dims(padded, gather_epoch, reuse_memory):
+    # the group's [W, T, n_agents] came out [B, Lp]: unbind(-1) then split Lp, not the agents
+    td = _with_agents()
+    source = SequencePadder()(td) if padded else td
+    if padded:
+        assert source["agents"].batch_size[2:] == torch.Size([3])
+        assert source["agents", "deep"].batch_size[2:] == torch.Size([3, 2])
+        assert (SequencePadder().inv(source) == td).all()  # the rollout back, groups included
+        assert SequencePadder().inv(source)["agents"].batch_size == td["agents"].batch_size
+    sampler = SequenceSampler(
+        2, generator=torch.Generator().manual_seed(0), gather_epoch=gather_epoch,
+        reuse_memory=reuse_memory,
+    )  # fmt: skip
+    for minibatch in sampler(source):
+        b, lp = minibatch.batch_size
+        assert minibatch["agents"].batch_size == torch.Size([b, lp, 3])
+        assert minibatch["agents", "deep"].batch_size == torch.Size([b, lp, 3, 2])
+        steps = minibatch["worker_index"] * 10 + minibatch["time_index"]
+        mask = minibatch["loss_mask"]
+        expected = td["agents", "observation"].flatten(0, 1)[steps[mask]]
+        assert torch.equal(minibatch["agents", "observation"][mask], expected)
