@@ -260,7 +260,13 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
     Its config is compared with the task's preset: the settings that differ become the
     run's ``overrides``, as if they had been given as flags.
     """
-    summary = json.loads((directory / "summary.json").read_text())
+    path = directory / "summary.json"
+    if not path.is_file():
+        raise SystemExit(
+            f"--import-run: {path} is not there: give the output directory of a finished "
+            "rppo-train run"
+        )
+    summary = json.loads(path.read_text())
     config = summary.get("config", {})
     if config.get("seed") != seed:
         raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
@@ -287,6 +293,19 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
     return result
 
 
+def cli_args(name: str, value: str) -> list[str]:
+    """``rppo-train``'s arguments for one setting of a run's ``overrides``.
+
+    The suite keys on-off settings as ``name True`` / ``name False`` (as imported configs
+    spell them); ``rppo-train`` takes them as ``--name`` / ``--no-name``.
+    """
+    if value == "True":
+        return [f"--{name}"]
+    if value == "False":
+        return [f"--no-{name}"]
+    return [f"--{name}", value]
+
+
 def run_one(run: Run, workdir: Path) -> dict:
     task = TASKS[run.task]
     out = workdir / f"run-{abs(hash(run.key))}"
@@ -297,7 +316,7 @@ def run_one(run: Run, workdir: Path) -> dict:
     if run.total_steps:
         cmd += ["--total-steps", str(run.total_steps)]
     for name, value in run.overrides:
-        cmd += [f"--{name}", value]
+        cmd += cli_args(name, value)
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -353,7 +372,12 @@ def first_reach(curve: list[list[float]], target: float) -> dict:
 
 
 def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
-    todo = [run for run in runs if rerun or run.key not in suite.runs]
+    # a run that failed is not done: it is run again
+    todo = [
+        run
+        for run in runs
+        if rerun or run.key not in suite.runs or suite.runs[run.key].get("returncode")
+    ]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {suite.path.name}", flush=True)
     failures = 0
     with (
@@ -630,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--flags",
         default="",
-        help="flags over the preset for the --tasks runs, e.g. '--start-state refreshed'",
+        help="flags over the preset for the --tasks runs, '--name value' pairs, e.g. "
+        "'--start-state refreshed'; on-off settings as '--name True' or '--name False'",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
     parser.add_argument("--rerun", action="store_true", help="rerun runs already recorded")
@@ -651,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         help="record a finished run directory of TASK's preset (e.g. a long run made apart)",
     )
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     output = args.output or ("memory_suite_quick" if args.quick else "memory_suite")
     suite = Suite.load(RESULTS / f"{output}.json")
     if args.quick:
@@ -677,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
     if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
         parser.error(f"--flags must be '--name value' pairs, got {args.flags!r}")
     flags = tuple((name[2:], value) for name, value in zip(words[::2], words[1::2], strict=True))
+    for name, _ in flags:
+        if name in ("seed", "total-steps", "output", "preset"):
+            parser.error(
+                f"--flags must not set --{name}: the suite sets it for each run (use --seeds, "
+                "--tasks or --ablation-steps)"
+            )
     runs = [Run(task, seed, flags) for task in args.tasks for seed in args.seeds]
     for task in args.ablation:
         runs += ablation_runs(task, args.seeds, args.ablation_steps, args.identical)

@@ -182,3 +182,38 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             assert runs[key]["steps_to_target"] == 2048
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_memory_suite_ablation_commands_parse_as_rppo_train_takes_them() -> None:
+    """Every ablation cell's flags reach ``rppo-train`` as flags it accepts: on-off settings
+    (``center-observations True``, the cells' key format) as ``--name`` / ``--no-name``."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import memory_suite
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from rppo_td.train._cli import config_from_args
+
+    for task in ("poc-memory", "cartpole-novel"):
+        for run in memory_suite.ablation_runs(task, [0], 2048, True):
+            argv = ["--preset", memory_suite.TASKS[task].preset]
+            for name, value in run.overrides:
+                argv += memory_suite.cli_args(name, value)
+            config, _ = config_from_args(argv)  # exits on an argument it refuses
+            assert config.center_observations  # the ablations keep centred observations
+    assert memory_suite.cli_args("encoder-skip", "False") == ["--no-encoder-skip"]
+
+
+def test_memory_suite_runs_a_failed_run_again(tmp_path: Path) -> None:
+    """A run that failed is not done: the next invocation runs it again (and fails again)."""
+    output = str(tmp_path / "failing")
+    args = ("--tasks", "poc-memory", "--seeds", "0", "--flags", "--hidden-size 0")
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "memory_suite.py"), *args,
+             "--output", output],
+            cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "0 already in" in done.stdout
+        assert "FAILED" in done.stdout
