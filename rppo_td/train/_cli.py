@@ -52,7 +52,27 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
         return {}
     if not isinstance(values, dict):
         raise ValueError(f"{where} must hold a mapping of settings, got {type(values).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in values.items()}
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name in settings:
+            raise ValueError(f"{where} sets {name!r} twice (spelt with '_' and with '-')")
+        settings[name] = _yaml_number(name, value)
+    return settings
+
+
+def _yaml_number(name: str, value: Any) -> Any:
+    """``value``, a float where a float setting got YAML 1.1's text for one (``1e-3``).
+
+    YAML 1.1 reads ``1e-3`` (no dot) as a string; the command line reads it as a number.
+    """
+    hints = typing.get_type_hints(TrainConfig)
+    if hints.get(name) is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value  # refused by the config's own check, which names the setting
+    return value
 
 
 class ShortErrorParser(argparse.ArgumentParser):

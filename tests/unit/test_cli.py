@@ -141,6 +141,8 @@ def test_log_level_is_case_insensitive():
         ("recurrence: 3\n", "recurrence must be one of ['lstm', 'gru', 'none'], got 3"),
         ("- 1\n- 2\n", "must hold a mapping of settings, got list"),
         ("seed: -3\n", "seed must be an integer in [0, 4294967295], got -3"),
+        ("total_steps: 2048\ntotal-steps: 4096\n", "sets 'total_steps' twice"),
+        ("gamma: 1e-x\n", "gamma must be a finite number in [0.0, 1.0], got '1e-x'"),
     ],
 )
 def test_bad_config_files_give_clear_errors(capsys, tmp_path, text, message):
@@ -149,6 +151,14 @@ def test_bad_config_files_give_clear_errors(capsys, tmp_path, text, message):
     err = _error(capsys, ["--config", str(path)])
     assert message in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_float_written_without_a_dot_is_a_number(tmp_path):
+    # YAML 1.1 reads 1e-3 as text; the command line reads it as a number
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 1e-3\nentropy_coef: 5E-2\n")
+    config, _ = config_from_args(["--config", str(path)])
+    assert (config.learning_rate, config.entropy_coef) == (1e-3, 5e-2)
 
 
 def test_empty_config_file_is_the_defaults(tmp_path):
