@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -449,7 +450,7 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
                 by_flags[""].append(r)
             elif "sequence-length" not in flags and not r.get("total_steps_override"):
                 # flags over the preset that are not an ablation cell
-                text = " ".join(f"--{k} {v}" for k, v in sorted(flags.items()))
+                text = " ".join(a for k, v in sorted(flags.items()) for a in cli_args(k, v))
                 by_flags.setdefault(text, []).append(r)
         groups += [(task, text, runs) for text, runs in by_flags.items() if runs]
     return groups
@@ -564,7 +565,9 @@ def plot_curves(suite: Suite) -> list[str]:
             curves.append(np.interp(grid, steps, values, left=np.nan))
         stack = np.vstack(curves)
         fig, ax = plt.subplots(figsize=(5, 3.2))
-        with np.errstate(all="ignore"):
+        # steps before any run's first logged point are NaN in every curve: left blank
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
             ax.plot(grid, np.nanmean(stack, 0), label=f"mean of {len(results)} seeds")
             ax.fill_between(grid, np.nanmin(stack, 0), np.nanmax(stack, 0), alpha=0.25)
         ax.axhline(task.target, color="grey", linestyle="--", linewidth=1, label="target")
@@ -680,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     output = args.output or ("memory_suite_quick" if args.quick else "memory_suite")
     suite = Suite.load(RESULTS / f"{output}.json")
+    if args.quick and (args.tasks or args.ablation or args.import_run or args.report):
+        parser.error(
+            "--quick is one short run on its own; drop --tasks, --ablation, --import-run and "
+            "--report, or drop --quick"
+        )
     if args.quick:
         flags = (
             ("start-state", "refreshed"),

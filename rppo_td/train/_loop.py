@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
 import pickle
@@ -135,9 +136,11 @@ class Trainer:
                 self.release()
                 raise
         self.config = config
+        created = None
         try:
             self.device = start_group(self.ranks, _check_device(config.device))
             self.directory = config.output_dir()
+            created = None if self.directory.exists() else self.directory
             if self.ranks.main:
                 lock = prepare_run_directory(
                     self.directory,
@@ -152,6 +155,10 @@ class Trainer:
             self._build(config, checkpoint)
         except BaseException:
             self.release()
+            if created is not None and self.ranks.main:
+                # a run that failed to start leaves no empty directory behind
+                with contextlib.suppress(OSError):
+                    created.rmdir()  # only if still empty
             raise
 
     def _build(self, config: TrainConfig, checkpoint: dict[str, Any] | None) -> None:
@@ -180,6 +187,15 @@ class Trainer:
                 f"total_steps={config.total_steps} is less than one update of the "
                 f"{self.ranks.world_size} ranks (num_workers * rollout_steps * ranks = "
                 f"{per_update})"
+            )
+        if config.total_steps % per_update and self.ranks.main:
+            log.info(
+                "total_steps=%d is not a multiple of one update (num_workers * rollout_steps * "
+                "ranks = %d): the run trains %d updates, %d env steps",
+                config.total_steps,
+                per_update,
+                self.num_updates,
+                self.num_updates * per_update,
             )
         self.actor = RecurrentActor(self.agent)
         self.critic = RecurrentCritic(self.agent)

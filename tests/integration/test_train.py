@@ -471,3 +471,27 @@ def test_rppo_eval_reads_an_ambiguous_image_checkpoint_with_image_layout(tmp_pat
     args = ["--checkpoint", str(path), "--episodes", "2"]
     assert eval_main([*args, "--image-layout", "channels_last"]) == 0
     assert json.loads(capsys.readouterr().out)["eval_episodes"] == 2
+
+
+def test_total_steps_between_updates_is_rounded_down_and_said(tmp_path, caplog):
+    caplog.set_level("INFO")
+    trainer, _ = _run(tmp_path, total_steps=300)  # 4 x 16 = 64 steps an update
+    trainer.release()
+    assert trainer.num_updates == 4
+    assert "total_steps=300 is not a multiple of one update" in caplog.text
+    assert "4 updates, 256 env steps" in caplog.text
+
+
+def test_a_run_that_fails_to_start_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("rppo_td.train._loop.build_agent", _raise_value_error)
+    out = tmp_path / "new" / "run"
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for directory in (out, existing):
+        assert main(["--preset", "smoke", "--output", str(directory), "--no-progress"]) == 2
+        assert "agent refused" in capsys.readouterr().err
+    assert not out.exists() and existing.is_dir()  # made by the run: removed; the user's: kept
+
+
+def _raise_value_error(config):
+    raise ValueError("agent refused")

@@ -184,14 +184,19 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
         path.unlink(missing_ok=True)
 
 
-def test_memory_suite_ablation_commands_parse_as_rppo_train_takes_them() -> None:
-    """Every ablation cell's flags reach ``rppo-train`` as flags it accepts: on-off settings
-    (``center-observations True``, the cells' key format) as ``--name`` / ``--no-name``."""
+def _memory_suite():  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import memory_suite
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
+    return memory_suite
+
+
+def test_memory_suite_ablation_commands_parse_as_rppo_train_takes_them() -> None:
+    """Every ablation cell's flags reach ``rppo-train`` as flags it accepts: on-off settings
+    (``center-observations True``, the cells' key format) as ``--name`` / ``--no-name``."""
+    memory_suite = _memory_suite()
     from rppo_td.train._cli import config_from_args
 
     for task in ("poc-memory", "cartpole-novel"):
@@ -217,3 +222,24 @@ def test_memory_suite_runs_a_failed_run_again(tmp_path: Path) -> None:
         assert done.returncode == 1, done.stdout + done.stderr
         assert "0 already in" in done.stdout
         assert "FAILED" in done.stdout
+
+
+def test_memory_suite_report_spells_flags_as_rppo_train_takes_them(tmp_path: Path) -> None:
+    """The report's "flags over the preset" column is what a reader can paste after
+    ``rppo-train --preset ...``: on-off settings as ``--no-name``, not ``--name False``."""
+    memory_suite = _memory_suite()
+    run = {"task": "poc-memory", "seed": 0, "returncode": 0, "finished": "2026-12-05"}
+    suite = memory_suite.Suite(tmp_path / "suite.json")
+    suite.runs["a"] = {**run, "overrides": {"anneal-lr": "False", "epochs": "7"}}
+    suite.runs["b"] = {**run, "overrides": {}}
+    flags = [text for _, text, _ in memory_suite.task_groups(suite)]
+    assert flags == ["", "--no-anneal-lr --epochs 7"]
+
+
+def test_memory_suite_quick_runs_alone() -> None:
+    for other in (["--report"], ["--tasks", "poc-memory"]):
+        done = subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / "memory_suite.py"), "--quick", *other],
+            cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 2 and "--quick is one short run on its own" in done.stderr
