@@ -117,6 +117,7 @@ class SequenceStartStates(RolloutTransform):
         "loss_mask",
         "worker_index",
         "time_index",
+        "rollout_steps",
     )
 
     def __init__(
@@ -278,11 +279,17 @@ class SequenceStartStates(RolloutTransform):
                 "splits it into minibatches"
             )
         first = worker[:, 0] * num_time + time[:, 0]
+        # checked here, as given ([N, Lp, ...]): unpadded, a bad shape would be reported in
+        # the [W, T] terms of a view the user never made
+        for key in self.state_keys:
+            self._check_state(key, get_key(tensordict, key), shape)
+        episode_id = tensordict.get(keys.episode_id, None)
+        if episode_id is not None:
+            check_shape(keys.episode_id, episode_id, shape)
+            check_dtype(keys.episode_id, episode_id, torch.int64)
         if self.start_state == "refreshed" and self._by_sequences:
             is_init = get_key(tensordict, keys.is_init)  # [N, Lp, 1] bool, checked in forward
-            episode_id = tensordict.get(keys.episode_id, None)
             if episode_id is not None:
-                check_dtype(keys.episode_id, episode_id, torch.int64)
                 episode_id = unpad_rows(episode_id, dest, real, num_steps)
             flat_init = unpad_rows(is_init.reshape(*shape, 1), dest, real, num_steps)
             starts = self._episode_starts(

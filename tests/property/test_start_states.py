@@ -342,6 +342,8 @@ def test_in_and_out_keys_list_what_is_read_and_written():
     states = list(net.state_keys)
     assert transform.out_keys == states
     assert {"observation", "is_init", *states} <= set(transform.in_keys)
+    # optional reads too: rollout_steps refuses a subset of the padded sequences
+    assert {"episode_id", "rollout_steps", "loss_mask"} <= set(transform.in_keys)
     transform.set_keys(is_init="first")
     assert transform.out_keys == states
     assert {"observation", "first", *states} <= set(transform.in_keys)
@@ -400,8 +402,20 @@ def test_malformed_states_are_refused_by_name(start_state, burn_in):
         )
         with pytest.raises(ValueError, match=message):
             transform(wrong)
-        with pytest.raises(ValueError, match=r"'recurrent_state_h' must be a torch\.float32 state"):
-            transform(SequencePadder()(wrong))
+        # padded, in the shapes the user passed ([N, Lp, ...]), not an unpadded view's
+        padded = SequencePadder()(wrong)
+        n, length = padded.batch_size
+        message = re.escape(
+            f"'recurrent_state_h' must be a torch.float32 state of shape [{n}, {length}, 1, 3], "
+            f"got {value.dtype} {[n, length, *value.shape[2:]]}"
+        )
+        with pytest.raises(ValueError, match=message):
+            transform(padded)
+    padded = SequencePadder()(td)
+    padded.set("episode_id", padded["episode_id"].unsqueeze(-1))
+    n, length = padded.batch_size
+    with pytest.raises(ValueError, match=rf"'episode_id' must have shape \[{n}, {length}\], got"):
+        transform(padded)
 
 
 @pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0)])
