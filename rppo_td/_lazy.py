@@ -261,9 +261,16 @@ def lazy_enabled() -> bool:
 
 
 def trackable(value: object) -> bool:
-    """Whether a rollout leaf can be left pending: a plain tensor whose writes are counted."""
+    """Whether a rollout leaf can be left pending: a plain tensor whose writes are counted.
+
+    A CPU tensor in shared memory is not: another process (a collector's worker refilling
+    its buffers) writes it without this process's version counter seeing it.
+    """
     return (
-        type(value) is torch.Tensor and not value.is_inference() and value.layout == torch.strided
+        type(value) is torch.Tensor
+        and not value.is_inference()
+        and value.layout == torch.strided
+        and not (value.device.type == "cpu" and value.is_shared())
     )
 
 
@@ -379,3 +386,35 @@ def _copy_tree(td: TensorDict) -> TensorDict:
         for key, value in dict.items(td._tensordict)
     }
     return _with_lazy_leaves(level, td.batch_size, td.device)
+
+
+def clear_device(td: TensorDictBase) -> TensorDictBase:
+    """``td.clear_device_()`` that leaves pending leaves pending (it would gather them)."""
+    if not has_pending(td):
+        return td.clear_device_()
+    _set_tree_device(td, None)
+    return td
+
+
+def lazy_on_device(td: TensorDictBase, device: torch.device) -> TensorDictBase | None:
+    """``td.to(device)`` with its pending leaves left pending, where no leaf has to move.
+
+    None where ``td`` holds no pending leaf or a leaf on another device (then ``td.to``).
+    """
+    leaves = raw_leaves(td) if type(td) is TensorDict else None
+    if not leaves or not any(type(value) is Pending for _, value in leaves):
+        return None
+    for _, value in leaves:
+        tensor = value.source if type(value) is Pending else value
+        if tensor.device != device:
+            return None
+    out = _copy_tree(td)
+    _set_tree_device(out, device)
+    return out
+
+
+def _set_tree_device(td: TensorDict, device: torch.device | None) -> None:
+    td._device = device
+    for value in dict.values(td._tensordict):
+        if type(value) is TensorDict:
+            _set_tree_device(value, device)

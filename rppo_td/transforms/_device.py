@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from tensordict import NestedKey, TensorDictBase
 
+from rppo_td._lazy import clear_device, lazy_on_device, shallow_copy
 from rppo_td._validation import check_key_list, get_key
 from rppo_td.transforms._base import RolloutTransform
 
@@ -19,8 +20,10 @@ class DeviceMover(RolloutTransform):
     Batch unchanged (a ``[W, T]`` rollout or ``[N, Lp]`` sequences). Towards CUDA from the CPU
     it pins host memory first and copies with ``non_blocking=True``, so the copy overlaps with
     host work; CUDA orders later kernels after it. With ``keys`` named, a new tensordict is
-    returned whose other keys stay where they were (its own device is then None); without,
-    ``tensordict.to(device)``. The input is not modified.
+    returned whose other keys stay where they were (its own device is None where a key moved
+    to another device); without, ``tensordict.to(device)``. The input is not modified.
+    ``SequencePadder``'s output stays lazy where its leaves need not move: a leaf not read yet
+    is gathered when first read, once (on the same device, or one of the other keys).
 
     Args:
         device: the target device.
@@ -73,14 +76,23 @@ class DeviceMover(RolloutTransform):
         return value.to(self.device)
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        # a padder's output stays lazy (its leaves gathered when first read) wherever nothing
+        # has to move: the copies below share its pending leaves
         if self.move_keys is None:
+            if tensordict.device == self.device:
+                return shallow_copy(tensordict)
+            lazy = lazy_on_device(tensordict, self.device)  # device None, leaves all there
+            if lazy is not None:
+                return lazy
             if self._fast_path(tensordict.device):
                 return tensordict.pin_memory().to(self.device, non_blocking=True)
             return tensordict.to(self.device)
-        out = tensordict.clone(recurse=False)
-        out.clear_device_()
-        for key in self.move_keys:
-            out.set(key, self._move(get_key(tensordict, key)))
+        moved = {key: self._move(get_key(tensordict, key)) for key in self.move_keys}
+        out = shallow_copy(tensordict)
+        if any(value.device != tensordict.device for value in moved.values()):
+            clear_device(out)  # leaves on two devices now
+        for key, value in moved.items():
+            out.set(key, value)
         return out
 
     def _repr_args(self) -> str:

@@ -51,3 +51,25 @@ def test_cuda_pinned_non_blocking():
     # and back to the CPU
     back = DeviceMover("cpu")(out)
     assert back.device == torch.device("cpu") and (back == td).all()
+
+
+@pytest.mark.parametrize("keys", [None, ["observation"]])
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_padded_sequences_stay_lazy_where_nothing_moves(keys, device):
+    # the README's padder -> DeviceMover -> sampler: a move to the device the leaves are on
+    # gathers nothing, so the epoch still costs one gather of the rollout
+    from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder
+    from rppo_td._lazy import Pending, raw_leaves
+
+    rollout = small_rollout(num_workers=3, num_steps=9)
+    if device is not None:
+        rollout = rollout.to(device)
+    chunked = SequenceChunker(sequence_length=4)(EpisodeSplitter()(rollout))
+    padded = SequencePadder()(chunked)
+    expected = SequencePadder()(chunked).clone()  # gathered now
+    out = DeviceMover("cpu", keys=keys)(padded)
+    pending = [key for key, value in raw_leaves(out) if type(value) is Pending]
+    moved = {"observation"} if keys else set()
+    assert len(pending) == len(list(raw_leaves(padded))) - 4 - len(moved)  # the ids are not
+    assert out.device == (torch.device("cpu") if keys is None else padded.device)
+    assert (out == expected).all() and out.batch_size == expected.batch_size

@@ -276,3 +276,18 @@ def test_inv_and_a_device_move_read_the_pending_leaves():
     assert (SequencePadder().inv(padded) == td).all()
     moved = SequencePadder()(td).to("cpu")
     assert torch.equal(moved["recurrent_state_h"], padded["recurrent_state_h"])
+
+
+def test_a_shared_memory_leaf_is_gathered_at_padding_time():
+    # another process refilling a shared buffer writes past this process's version counter:
+    # such a leaf cannot be left pending (a NumPy view's write stands in for the other process)
+    from rppo_td._lazy import Pending, raw_leaves
+
+    rollout = SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
+    rollout.get("observation").share_memory_()
+    padded = SequencePadder()(rollout)
+    pending = {key for key, value in raw_leaves(padded) if type(value) is Pending}
+    assert "observation" not in pending and pending  # the other leaves stay lazy
+    expected = SequencePadder()(rollout).clone()
+    rollout.get("observation").numpy()[:] = 7.0
+    assert torch.equal(padded["observation"], expected["observation"])
