@@ -27,7 +27,8 @@ def balanced_minibatches(
     With ``balance="steps"`` the shuffled order is cut where the running count of real steps is
     nearest to ``k * S / M`` (``S`` real steps in all): every group holds ``S / M`` steps give or
     take one sequence length on either cut. With ``balance="sequences"`` every group holds
-    ``N / M`` sequences, give or take one, whatever their lengths. Groups are never empty.
+    ``N / M`` sequences, give or take one, whatever their lengths. Groups are never empty: where
+    ``M`` nears ``N`` that comes before the balance (at ``M = N``, one sequence each).
 
     Args:
         lengths: ``[N]`` integer, real steps per sequence (``loss_mask.sum(-1)``), ``>= 0``
