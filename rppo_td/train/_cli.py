@@ -26,9 +26,10 @@ def list_presets() -> list[str]:
 def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
     """Reads a preset (by name) or a config file into a dict, with clear errors."""
     if preset:
-        path = str(path).replace("-", "_")  # --preset poc-memory names poc_memory.yaml
+        given = str(path)
+        path = given.lower().replace("-", "_")  # --preset poc-memory names poc_memory.yaml
         if path not in list_presets():
-            raise ValueError(f"unknown preset {path!r}; available: {list_presets()}")
+            raise ValueError(f"unknown preset {given!r}; available: {list_presets()}")
         text = (resources.files("rppo_td.train") / "presets" / f"{path}.yaml").read_text()
         where = f"preset {path!r}"
     else:

@@ -279,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--episodes", type=int, default=20, help=f"episodes, 1 to {MAX_EPISODES} (default 20)"
     )
-    parser.add_argument("--seed", type=int, default=10_000, help="env seed (default 10000)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=10_000,
+        help="env seed, and with --stochastic the action sampler's (default 10000)",
+    )
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
     parser.add_argument(
         "--video",
@@ -340,8 +345,16 @@ def main(argv: list[str] | None = None) -> int:
         where = f"the config in the checkpoint {args.checkpoint!r}"
         config = TrainConfig.from_dict(data["config"], where=where)
         if args.image_layout is not None:
+            saved = config.image_layout
+            if saved != "auto" and saved != args.image_layout:
+                raise ValueError(
+                    f"--image-layout {args.image_layout} contradicts the checkpoint: its model "
+                    f"was trained with image_layout {saved} (drop --image-layout; it is for "
+                    "checkpoints saved with image_layout auto)"
+                )
             config = config.replace(image_layout=args.image_layout)
         torch.set_num_threads(max(1, config.threads))
+        torch.manual_seed(args.seed)  # --stochastic: the same actions for the same seed
         agent = build_agent(config)
         try:
             agent.load_state_dict(data["model"])

@@ -67,12 +67,15 @@ def check_video_path(path: str | os.PathLike[str]) -> Path:
     """
     out = Path(path)
     suffix = out.suffix.lower()
+    if not str(path):
+        raise ValueError("--video is empty; give a file name ending in .gif or .mp4")
     if out.is_dir():
         raise ValueError(f"--video {str(path)!r} is a directory; give a file name")
     if suffix not in VIDEO_SUFFIXES:
+        got = repr(out.suffix) if out.suffix else "no suffix"
         raise ValueError(
             f"--video {str(path)!r}: the suffix must be .gif or .mp4 (it chooses the format), "
-            f"got {out.suffix or 'none'!r}"
+            f"got {got}"
         )
     existing = out.absolute().parent
     while not existing.exists():

@@ -473,6 +473,32 @@ def test_rppo_eval_reads_an_ambiguous_image_checkpoint_with_image_layout(tmp_pat
     assert json.loads(capsys.readouterr().out)["eval_episodes"] == 2
 
 
+def test_rppo_eval_refuses_an_image_layout_the_checkpoint_contradicts(tmp_path, capsys):
+    env = "rppo_td_test/AmbiguousImage-v0"
+    trainer, config = _run(tmp_path, env=env, image_layout="channels_last", eval_episodes=1)
+    trainer.run()
+    capsys.readouterr()
+    args = ["--checkpoint", config.output, "--episodes", "1"]
+    with pytest.raises(SystemExit) as info:
+        eval_main([*args, "--image-layout", "channels_first"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--image-layout channels_first contradicts" in err and "channels_last" in err
+    assert eval_main([*args, "--image-layout", "channels_last"]) == 0  # the same: accepted
+
+
+def test_rppo_eval_stochastic_is_seeded(tmp_path, capsys):
+    trainer, config = _run(tmp_path, eval_episodes=1)
+    trainer.run()
+    capsys.readouterr()
+    runs = []
+    for seed in (5, 5, 6):
+        args = ["--checkpoint", config.output, "--episodes", "6", "--stochastic"]
+        assert eval_main([*args, "--seed", str(seed)]) == 0
+        runs.append(json.loads(capsys.readouterr().out)["eval_returns"])
+    assert runs[0] == runs[1]  # the same seed: the same sampled actions
+
+
 def test_total_steps_between_updates_is_rounded_down_and_said(tmp_path, caplog):
     caplog.set_level("INFO")
     trainer, _ = _run(tmp_path, total_steps=300)  # 4 x 16 = 64 steps an update

@@ -60,6 +60,10 @@ def test_presets_ship_and_load():
     assert {"cartpole_novel", "cartpole_novel_memoryless", "smoke"} <= set(list_presets())
     for name in list_presets():
         TrainConfig.from_dict(load_yaml(name, preset=True), where=name)
+    # any case, '-' or '_'
+    assert load_yaml("POC-Memory", preset=True) == load_yaml("poc_memory", preset=True)
+    with pytest.raises(ValueError, match="unknown preset 'POC-MEMRY'"):
+        load_yaml("POC-MEMRY", preset=True)
     # the default preset writes out the defaults
     config, _ = config_from_args(["--preset", "cartpole_novel"])
     assert config == TrainConfig()
