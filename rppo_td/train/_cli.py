@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from rppo_td.envs import resolve_env_id
-from rppo_td.train._config import RENAMED, TrainConfig, renamed_settings
+from rppo_td.train._config import RENAMED, TrainConfig, field_hints, renamed_settings
 
 __all__ = ["ShortErrorParser", "build_parser", "config_from_args", "list_presets", "load_yaml"]
 
@@ -67,8 +67,7 @@ def _yaml_number(name: str, value: Any) -> Any:
 
     YAML 1.1 reads ``1e-3`` (no dot) as a string; the command line reads it as a number.
     """
-    hints = typing.get_type_hints(TrainConfig)
-    if hints.get(name) is float and isinstance(value, str):
+    if field_hints().get(name) is float and isinstance(value, str):
         try:
             return float(value)
         except ValueError:
@@ -106,7 +105,7 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
     )
     parser.add_argument("--preset", help=f"a shipped YAML preset: {', '.join(list_presets())}")
     parser.add_argument("--config", help="a YAML file of settings (keys as the flags, _ or -)")
-    hints = typing.get_type_hints(TrainConfig)
+    hints = field_hints()
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         kind, choices = _parse_type(hints[f.name])

@@ -64,7 +64,8 @@ def renamed_settings(values: dict[str, Any], *, where: str) -> dict[str, Any]:
 
 
 @functools.cache
-def _field_hints() -> dict[str, Any]:
+def field_hints() -> dict[str, Any]:
+    """``TrainConfig``'s field types (resolved once)."""
     return typing.get_type_hints(TrainConfig)
 
 
@@ -289,7 +290,7 @@ class TrainConfig:
         a ``Literal``) and the bounds and choices in its metadata, then the settings are checked
         against each other (one rollout fits the budget, the minibatches fit a rollout).
         """
-        hints = _field_hints()
+        hints = field_hints()
         for f in dataclasses.fields(self):
             _check_field(f, hints[f.name], getattr(self, f.name))
         if self.resume and self.overwrite:

@@ -355,9 +355,7 @@ class SequenceStartStates(RolloutTransform):
         final: dict[NestedKey, torch.Tensor] = {}
         with torch.no_grad():
             for key in self.state_keys:
-                value = get_key(tensordict, key)
-                self._check_state(key, value, tuple(mask.shape))
-                stored = value[:, 0]
+                stored = get_key(tensordict, key)[:, 0]  # checked by _padded
                 start[key] = torch.where(_expand(starts_episode, stored), 0.0, stored).detach()
                 final[key] = torch.zeros_like(start[key])
             for k, index in enumerate(groups):
