@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
@@ -133,7 +134,13 @@ class Suite:
 
     @classmethod
     def load(cls, path: Path) -> Suite:
-        runs = json.loads(path.read_text())["runs"] if path.exists() else {}
+        stored = json.loads(path.read_text())["runs"] if path.exists() else {}
+        runs: dict[str, dict] = {}
+        for key, result in stored.items():
+            key, result = with_preset_of_its_time(key, result)
+            while key in runs:  # never drop a record: a second run of the same settings
+                key += " (another)"
+            runs[key] = result
         return cls(path, runs)
 
     def save(self) -> None:
@@ -142,6 +149,45 @@ class Suite:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(self.path)
+
+
+# The presets' earlier values, as (when the preset changed, task, {flag: value before}). A run
+# recorded before a change was made with the earlier value of every setting it did not set by a
+# flag; `Suite.load` writes that value into the run's overrides (and into `from_preset`), so the
+# report never counts it as a run of the preset as it is now, and a run of the new preset never
+# replaces it. Add a line here whenever a task's preset changes a setting.
+PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
+    ("2026-12-05T16:55:00+00:00", "minigrid-memory-s9", {"learning-rate": "0.0015"}),
+)
+
+
+def with_preset_of_its_time(key: str, result: dict) -> tuple[str, dict]:
+    """A recorded run, keyed and labelled with the settings it was made with.
+
+    The settings that a preset changed after the run finished, and that the run did not set
+    by a flag, join its ``overrides`` with their earlier values; its key gains them as flags.
+    A run already carrying them (or made after every change) is returned as it is.
+    """
+    finished = result.get("finished", "")
+    earlier: dict[str, str] = {}
+    for when, task, values in sorted(PRESET_CHANGES):
+        if task != result.get("task") or finished >= when:
+            continue
+        for name, value in values.items():
+            if name not in result.get("overrides", {}):
+                earlier.setdefault(name, value)
+    if not earlier:
+        return key, result
+    steps = result.get("total_steps_override")
+    before = Run(result["task"], result["seed"], tuple(result["overrides"].items()), steps).key
+    overrides = dict(sorted({**result["overrides"], **earlier}.items()))
+    after = Run(result["task"], result["seed"], tuple(overrides.items()), steps).key
+    if key.startswith(before):
+        key = after + key[len(before) :]  # keeps " imported on <CPU>"
+    else:
+        key += "".join(f" --{name} {value}" for name, value in earlier.items())
+    from_preset = {**result.get("from_preset", {}), **earlier}
+    return key, {**result, "overrides": overrides, "from_preset": from_preset}
 
 
 def environment() -> dict:
@@ -215,14 +261,26 @@ def is_default(result: dict) -> bool:
     """A run with the task's preset as it is: no flags, or only flags equal to its values."""
     if result["returncode"] != 0 or result.get("total_steps_override"):
         return False
+    return not flags_over_preset(result)
+
+
+def flags_over_preset(result: dict) -> dict[str, str]:
+    """The run's ``overrides`` that differ from its task's preset as it is now."""
     preset = preset_settings(TASKS[result["task"]].preset)
-    return all(
-        str(preset[name.replace("-", "_")]) == value for name, value in result["overrides"].items()
-    )
+    return {
+        name: value
+        for name, value in result["overrides"].items()
+        if str(preset[name.replace("-", "_")]) != value
+    }
 
 
 def preset_settings(preset: str) -> dict[str, object]:
     """Every setting of a preset (the TrainConfig default where the preset omits one)."""
+    return dict(_preset_settings(preset))
+
+
+@functools.cache
+def _preset_settings(preset: str) -> dict[str, object]:
     from rppo_td.train import TrainConfig
     from rppo_td.train._cli import load_yaml
 
@@ -445,11 +503,11 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
         ]
         by_flags: dict[str, list[dict]] = {"": []}
         for r in own:
-            flags = r["overrides"]
             if is_default(r):
                 by_flags[""].append(r)
-            elif "sequence-length" not in flags and not r.get("total_steps_override"):
+            elif "sequence-length" not in r["overrides"] and not r.get("total_steps_override"):
                 # flags over the preset that are not an ablation cell
+                flags = flags_over_preset(r)
                 text = " ".join(a for k, v in sorted(flags.items()) for a in cli_args(k, v))
                 by_flags.setdefault(text, []).append(r)
         groups += [(task, text, runs) for text, runs in by_flags.items() if runs]

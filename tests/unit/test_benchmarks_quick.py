@@ -243,3 +243,58 @@ def test_memory_suite_quick_runs_alone() -> None:
             cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert done.returncode == 2 and "--quick is one short run on its own" in done.stderr
+
+
+def test_memory_suite_keeps_the_runs_of_an_earlier_preset_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run recorded before its task's preset changed a setting was made with the earlier
+    value: loading the suite labels and keys it with that value as a flag, so the report
+    never counts it as the new preset's run and a run of the new preset never replaces it.
+    Runs that set the setting by a flag, or finished after the change, stay as they were;
+    loading again changes nothing, and no record is dropped."""
+    memory_suite = _memory_suite()
+    epochs = int(memory_suite.preset_setting("poc-memory", "epochs"))
+    old = str(epochs + 1)
+    monkeypatch.setattr(
+        memory_suite,
+        "PRESET_CHANGES",
+        (("2026-12-05T12:00:00+00:00", "poc-memory", {"epochs": old}),),
+    )
+    run = {"task": "poc-memory", "returncode": 0, "eval_return": 1.0}
+    before, after = "2026-12-05T11:00:00+00:00", "2026-12-05T13:00:00+00:00"
+    runs = {
+        "poc-memory seed=0 imported on CPU": {
+            **run, "seed": 0, "overrides": {}, "finished": before
+        },
+        f"poc-memory seed=1 --epochs {epochs}": {
+            **run, "seed": 1, "overrides": {"epochs": str(epochs)}, "finished": before
+        },
+        "poc-memory seed=2": {**run, "seed": 2, "overrides": {}, "finished": after},
+        "poc-memory seed=3": {**run, "seed": 3, "overrides": {}, "finished": before},
+        f"poc-memory seed=3 --epochs {old}": {
+            **run, "seed": 3, "overrides": {"epochs": old}, "finished": after
+        },
+    }  # fmt: skip
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"runs": runs}))
+    suite = memory_suite.Suite.load(path)
+    assert sorted(suite.runs) == sorted(
+        [
+            f"poc-memory seed=0 --epochs {old} imported on CPU",
+            f"poc-memory seed=1 --epochs {epochs}",
+            "poc-memory seed=2",
+            f"poc-memory seed=3 --epochs {old} (another)",
+            f"poc-memory seed=3 --epochs {old}",
+        ]
+    )
+    moved = suite.runs[f"poc-memory seed=0 --epochs {old} imported on CPU"]
+    assert moved["overrides"] == moved["from_preset"] == {"epochs": old}
+    groups = {
+        text: sorted(r["seed"] for r in rs) for _, text, rs in memory_suite.task_groups(suite)
+    }
+    assert groups == {"": [1, 2], f"--epochs {old}": [0, 3, 3]}
+    # the new preset's run of seed 3 is not done: its key holds no record
+    assert memory_suite.Run("poc-memory", 3).key not in suite.runs
+    suite.save()
+    assert memory_suite.Suite.load(path).runs == suite.runs
