@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import platform
 import random
 import statistics
@@ -345,3 +346,13 @@ def print_table(headers: list[str], rows: list[list[str]]) -> None:
 def shape_dict(shape: RolloutShape) -> dict[str, object]:
     """The shape as JSON."""
     return asdict(shape)
+
+
+def wilson(solved: int, runs: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate ``solved / runs``."""
+    if runs == 0:
+        return 0.0, 1.0
+    p = solved / runs
+    centre = (p + z * z / (2 * runs)) / (1 + z * z / runs)
+    half = z * math.sqrt(p * (1 - p) / runs + z * z / (4 * runs * runs)) / (1 + z * z / runs)
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import cpu_model
+from _common import cpu_model, wilson
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -118,6 +118,15 @@ class Run:
     overrides: tuple[tuple[str, str], ...] = ()
     total_steps: int | None = None
 
+    def as_result(self) -> dict:
+        """The fields of a recorded run that say what it measures (see ``identity``)."""
+        return {
+            "task": self.task,
+            "seed": self.seed,
+            "overrides": dict(self.overrides),
+            "total_steps_override": self.total_steps,
+        }
+
     @property
     def key(self) -> str:
         flags = " ".join(f"--{k} {v}" for k, v in self.overrides)
@@ -136,8 +145,14 @@ class Suite:
     def load(cls, path: Path) -> Suite:
         stored = json.loads(path.read_text())["runs"] if path.exists() else {}
         runs: dict[str, dict] = {}
+        moved = []
         for key, result in stored.items():
-            key, result = with_preset_of_its_time(key, result)
+            new_key, new = with_preset_of_its_time(key, result)
+            if new is result:
+                runs[key] = result  # the stored keys are unique: these keep theirs
+            else:
+                moved.append((new_key, new))
+        for key, result in moved:
             while key in runs:  # never drop a record: a second run of the same settings
                 key += " (another)"
             runs[key] = result
@@ -157,7 +172,7 @@ class Suite:
 # report never counts it as a run of the preset as it is now, and a run of the new preset never
 # replaces it. Add a line here whenever a task's preset changes a setting.
 PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("2026-12-05T16:55:00+00:00", "minigrid-memory-s9", {"learning-rate": "0.0015"}),
+    ("2026-12-05T16:51:39+00:00", "minigrid-memory-s9", {"learning-rate": "0.0015"}),
 )
 
 
@@ -166,21 +181,24 @@ def with_preset_of_its_time(key: str, result: dict) -> tuple[str, dict]:
 
     The settings that a preset changed after the run finished, and that the run did not set
     by a flag, join its ``overrides`` with their earlier values; its key gains them as flags.
-    A run already carrying them (or made after every change) is returned as it is.
+    A run already carrying them (or made after every change) is returned as it is. A run is
+    dated by its start where recorded (``started``; the preset is read then), else by
+    ``finished`` (an import's is when it was imported, its settings read from its config).
     """
-    finished = result.get("finished", "")
+    made = result.get("started") or result.get("finished", "")
+    recorded = result.get("overrides", {})
     earlier: dict[str, str] = {}
-    for when, task, values in sorted(PRESET_CHANGES):
-        if task != result.get("task") or finished >= when:
+    for when, task, values in sorted(PRESET_CHANGES, key=lambda change: change[0]):
+        if task != result.get("task") or made >= when:
             continue
         for name, value in values.items():
-            if name not in result.get("overrides", {}):
+            if name not in recorded:
                 earlier.setdefault(name, value)
     if not earlier:
         return key, result
     steps = result.get("total_steps_override")
-    before = Run(result["task"], result["seed"], tuple(result["overrides"].items()), steps).key
-    overrides = dict(sorted({**result["overrides"], **earlier}.items()))
+    before = Run(result["task"], result["seed"], tuple(recorded.items()), steps).key
+    overrides = dict(sorted({**recorded, **earlier}.items()))
     after = Run(result["task"], result["seed"], tuple(overrides.items()), steps).key
     if key.startswith(before):
         key = after + key[len(before) :]  # keeps " imported on <CPU>"
@@ -264,12 +282,38 @@ def is_default(result: dict) -> bool:
     return not flags_over_preset(result)
 
 
+# the flags that name an ablation cell: a run sets them even where they equal the preset's
+CELL_FLAGS = ("start-state", "sequence-length", "burn-in")
+
+
+def identity(result: dict) -> tuple:
+    """What a recorded run (or a ``Run`` as ``Run.as_result()``) measured.
+
+    Its task, seed and budget, its flags over the preset as it is now, and the ablation
+    cell's flags it set: two records of one identity are the same measurement (an earlier
+    ``--learning-rate 0.002`` run is a run of a preset that took 0.002 since).
+    """
+    recorded = result.get("overrides", {})
+    return (
+        result["task"],
+        result["seed"],
+        result.get("total_steps_override"),
+        tuple(sorted(flags_over_preset(result).items())),
+        tuple((name, recorded[name]) for name in CELL_FLAGS if name in recorded),
+    )
+
+
+def imported(result: dict) -> bool:
+    """Whether a record was imported (``--import-run``), not run by the suite."""
+    return result.get("command", "").startswith("imported from")
+
+
 def flags_over_preset(result: dict) -> dict[str, str]:
     """The run's ``overrides`` that differ from its task's preset as it is now."""
     preset = preset_settings(TASKS[result["task"]].preset)
     return {
         name: value
-        for name, value in result["overrides"].items()
+        for name, value in result.get("overrides", {}).items()
         if str(preset[name.replace("-", "_")]) != value
     }
 
@@ -377,6 +421,7 @@ def run_one(run: Run, workdir: Path) -> dict:
     for name, value in run.overrides:
         cmd += cli_args(name, value)
     load_before = os.getloadavg()[0]
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     process_s = time.perf_counter() - start
@@ -391,6 +436,7 @@ def run_one(run: Run, workdir: Path) -> dict:
         "load_before": round(load_before, 2),
         "load_after": round(os.getloadavg()[0], 2),
         "cpu": cpu_model(),
+        "started": started,
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if proc.returncode != 0:
@@ -431,12 +477,10 @@ def first_reach(curve: list[list[float]], target: float) -> dict:
 
 
 def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
-    # a run that failed is not done: it is run again
-    todo = [
-        run
-        for run in runs
-        if rerun or run.key not in suite.runs or suite.runs[run.key].get("returncode")
-    ]
+    # a run that failed is not done: it is run again; one the suite made with the same
+    # settings under another key (flags equal to the preset's since) is done
+    done = {identity(r) for r in suite.runs.values() if r["returncode"] == 0 and not imported(r)}
+    todo = [run for run in runs if rerun or identity(run.as_result()) not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {suite.path.name}", flush=True)
     failures = 0
     with (
@@ -525,8 +569,9 @@ def _seed_label(run: dict, group: list[dict]) -> str:
 def task_table(suite: Suite) -> list[str]:
     lines = [
         "| task | flags over the preset | target | budget | final eval: mean (min to max) "
-        "[per seed] | final eval >= target | training return reached target | median env "
-        "steps to target | median s to target | median run s |",
+        "[per seed] | final eval >= target (95% Wilson interval of the rate) | training "
+        "return reached target | median env steps to target | median s to target | median "
+        "run s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, flags, results in task_groups(suite):
@@ -536,9 +581,11 @@ def task_table(suite: Suite) -> list[str]:
         reached = sum(r["steps_to_target"] is not None for r in results)
         per_seed = ", ".join(f"{_seed_label(r, results)}: {r['eval_return']:.4g}" for r in results)
         n = len(results)
+        low, high = wilson(solved, n)
         lines.append(
             f"| {task.name} | {f'`{flags}`' if flags else '-'} | {task.target:g} | "
-            f"{task.budget:,} | {_spread(evals)} [{per_seed}] | {solved}/{n} | {reached}/{n} | "
+            f"{task.budget:,} | {_spread(evals)} [{per_seed}] | {solved}/{n} "
+            f"({100 * low:.0f}-{100 * high:.0f}%) | {reached}/{n} | "
             f"{_median_or_dash([r['steps_to_target'] for r in results], ',.0f')} | "
             f"{_median_or_dash([r['seconds_to_target'] for r in results], '.0f')} | "
             f"{statistics.median(r['train_s'] for r in results):.0f} |"
@@ -548,11 +595,20 @@ def task_table(suite: Suite) -> list[str]:
 
 def ablation_table(suite: Suite, task: str) -> list[str]:
     cells: dict[tuple[str, str, str], list[dict]] = {}
+    # a run made before its preset changed a setting (PRESET_CHANGES) belongs to the cells
+    # only where the ablation's base sets that setting to the earlier value
+    base = dict(TASKS[task].ablation_base)
+    preset = preset_settings(TASKS[task].preset)
     for r in suite.runs.values():
         o = r["overrides"]
         if r["task"] != task or r["returncode"] != 0:
             continue
-        if not {"start-state", "sequence-length", "burn-in"} <= o.keys():
+        if not set(CELL_FLAGS) <= o.keys():
+            continue
+        if any(
+            base.get(name, str(preset[name.replace("-", "_")])) != value
+            for name, value in r.get("from_preset", {}).items()
+        ):
             continue
         cells.setdefault((o["start-state"], o["sequence-length"], o["burn-in"]), []).append(r)
     if not cells:
@@ -762,7 +818,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
         result = import_run(task, int(seed), Path(directory))
         # keyed by its settings and CPU too: a run with other settings, or made on another
-        # CPU model (where the same seed takes another path), never replaces another's
+        # CPU model (where the same seed takes another path), never replaces another's; an
+        # import of the same settings on the same CPU model replaces the earlier one (the
+        # same run: a seed takes the same path on one CPU model), under whatever key
+        for old in [
+            k
+            for k, r in suite.runs.items()
+            if imported(r) and r.get("cpu") == result["cpu"] and identity(r) == identity(result)
+        ]:
+            del suite.runs[old]
         key = Run(task, int(seed), tuple(result["overrides"].items())).key
         suite.runs[f"{key} imported on {result['cpu']}"] = result
         suite.save()

@@ -21,7 +21,6 @@ status 1 only if a run crashed).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import shlex
@@ -33,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import print_table, run_trainer, write_json
+from _common import print_table, run_trainer, wilson, write_json
 
 
 def parse_seeds(text: list[str]) -> list[int]:
@@ -59,16 +58,6 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
     if not sep or not name.strip():
         raise SystemExit(f"--setting must be NAME=FLAGS (FLAGS may be empty), got {text!r}")
     return name.strip(), shlex.split(flags)
-
-
-def wilson(solved: int, runs: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of a rate ``solved / runs``."""
-    if runs == 0:
-        return 0.0, 1.0
-    p = solved / runs
-    centre = (p + z * z / (2 * runs)) / (1 + z * z / runs)
-    half = z * math.sqrt(p * (1 - p) / runs + z * z / (4 * runs * runs)) / (1 + z * z / runs)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def run_one(flags: list[str], seed: int, out: Path) -> dict:

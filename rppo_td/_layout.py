@@ -351,12 +351,10 @@ def gather_sequences(
     # The mask is cast once: a bool operand costs a cast per operation, which took most of
     # these keys' time (256 x 128 rollout, sequences of 16).
     worker = torch.div(flat[:, :1], layout.time_steps, rounding_mode="trunc")
-    real = mask.to(flat.dtype)
-    worker_index = torch.mul(real, worker)
+    real = mask.to(torch.int64)
     put_leaf(source, keys.loss_mask, mask)
-    put_leaf(source, keys.worker_index, worker_index)
-    # flat is w * T + t on real steps and 0 on padding, where worker_index is 0 too
-    put_leaf(source, keys.time_index, torch.sub(flat, worker_index, alpha=layout.time_steps))
+    put_leaf(source, keys.worker_index, torch.mul(real, worker))
+    put_leaf(source, keys.time_index, torch.sub(flat, worker, alpha=layout.time_steps).mul_(real))
     # the rollout's identity, so that inv can refuse a subset of its sequences
     put_leaf(source, keys.rollout_steps, torch.mul(real, steps))
     groups = group_dims(td)  # nested groups of their own batch dims ([W, T, n_agents])

@@ -251,29 +251,38 @@ def test_memory_suite_keeps_the_runs_of_an_earlier_preset_apart(
     """A run recorded before its task's preset changed a setting was made with the earlier
     value: loading the suite labels and keys it with that value as a flag, so the report
     never counts it as the new preset's run and a run of the new preset never replaces it.
-    Runs that set the setting by a flag, or finished after the change, stay as they were;
-    loading again changes nothing, and no record is dropped."""
+    Runs that set the setting by a flag, or finished after the change, stay as they were
+    (and keep their keys); a run with a flag equal to the new preset's value is the preset's,
+    and done; loading again changes nothing, and no record is dropped."""
     memory_suite = _memory_suite()
     epochs = int(memory_suite.preset_setting("poc-memory", "epochs"))
     old = str(epochs + 1)
-    monkeypatch.setattr(
-        memory_suite,
-        "PRESET_CHANGES",
-        (("2026-12-05T12:00:00+00:00", "poc-memory", {"epochs": old}),),
-    )
+    when = "2026-12-05T12:00:00+00:00"
+    # two settings changed at once, one line each
+    changes = ((when, "poc-memory", {"epochs": old}), (when, "poc-memory", {"gamma": "0.5"}))
+    monkeypatch.setattr(memory_suite, "PRESET_CHANGES", changes)
     run = {"task": "poc-memory", "returncode": 0, "eval_return": 1.0}
     before, after = "2026-12-05T11:00:00+00:00", "2026-12-05T13:00:00+00:00"
+    gamma = str(memory_suite.preset_setting("poc-memory", "gamma"))
     runs = {
         "poc-memory seed=0 imported on CPU": {
             **run, "seed": 0, "overrides": {}, "finished": before
         },
-        f"poc-memory seed=1 --epochs {epochs}": {
-            **run, "seed": 1, "overrides": {"epochs": str(epochs)}, "finished": before
+        f"poc-memory seed=1 --epochs {epochs} --gamma {gamma}": {
+            **run, "seed": 1, "overrides": {"epochs": str(epochs), "gamma": gamma},
+            "finished": before,
         },
         "poc-memory seed=2": {**run, "seed": 2, "overrides": {}, "finished": after},
-        "poc-memory seed=3": {**run, "seed": 3, "overrides": {}, "finished": before},
-        f"poc-memory seed=3 --epochs {old}": {
-            **run, "seed": 3, "overrides": {"epochs": old}, "finished": after
+        # a failed run of the earlier preset does not take the key of a run that finished
+        "poc-memory seed=3": {
+            **run, "seed": 3, "overrides": {}, "finished": before, "returncode": 1
+        },
+        f"poc-memory seed=3 --epochs {old} --gamma 0.5": {
+            **run, "seed": 3, "overrides": {"epochs": old, "gamma": "0.5"}, "finished": after
+        },
+        # started before the change, finished after: the earlier preset's
+        "poc-memory seed=5": {
+            **run, "seed": 5, "overrides": {}, "started": before, "finished": after
         },
     }  # fmt: skip
     path = tmp_path / "suite.json"
@@ -281,20 +290,72 @@ def test_memory_suite_keeps_the_runs_of_an_earlier_preset_apart(
     suite = memory_suite.Suite.load(path)
     assert sorted(suite.runs) == sorted(
         [
-            f"poc-memory seed=0 --epochs {old} imported on CPU",
-            f"poc-memory seed=1 --epochs {epochs}",
+            f"poc-memory seed=0 --epochs {old} --gamma 0.5 imported on CPU",
+            f"poc-memory seed=1 --epochs {epochs} --gamma {gamma}",
             "poc-memory seed=2",
-            f"poc-memory seed=3 --epochs {old} (another)",
-            f"poc-memory seed=3 --epochs {old}",
+            f"poc-memory seed=3 --epochs {old} --gamma 0.5 (another)",
+            f"poc-memory seed=3 --epochs {old} --gamma 0.5",
+            f"poc-memory seed=5 --epochs {old} --gamma 0.5",
         ]
     )
-    moved = suite.runs[f"poc-memory seed=0 --epochs {old} imported on CPU"]
-    assert moved["overrides"] == moved["from_preset"] == {"epochs": old}
+    assert suite.runs[f"poc-memory seed=3 --epochs {old} --gamma 0.5"]["returncode"] == 0
+    moved = suite.runs[f"poc-memory seed=0 --epochs {old} --gamma 0.5 imported on CPU"]
+    assert moved["overrides"] == moved["from_preset"] == {"epochs": old, "gamma": "0.5"}
     groups = {
         text: sorted(r["seed"] for r in rs) for _, text, rs in memory_suite.task_groups(suite)
     }
-    assert groups == {"": [1, 2], f"--epochs {old}": [0, 3, 3]}
-    # the new preset's run of seed 3 is not done: its key holds no record
+    assert groups == {"": [1, 2], f"--epochs {old} --gamma 0.5": [0, 3, 5]}
+    # the new preset's runs of seeds 1 and 2 are done (seed 1 under its flags' key), of seed
+    # 3 not (its key holds a run of the earlier preset)
+    ran: list[str] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(memory_suite, "run_one", lambda run, _: ran.append(run.key) or {})
+        patch.setattr(memory_suite.Suite, "save", lambda self: None)
+        memory_suite.run_all(
+            [memory_suite.Run("poc-memory", seed) for seed in (1, 2)], suite, 1, rerun=False
+        )
+    assert ran == []
     assert memory_suite.Run("poc-memory", 3).key not in suite.runs
     suite.save()
-    assert memory_suite.Suite.load(path).runs == suite.runs
+    assert memory_suite.Suite.load(path).runs.keys() == suite.runs.keys()
+
+
+def test_memory_suite_import_replaces_the_same_run_recorded_under_another_key(
+    tmp_path: Path,
+) -> None:
+    """An import of the preset's settings on this CPU model replaces a record of the same
+    seed and settings from this CPU model that was keyed by a flag equal to the preset's
+    value (the same run), and keeps the one from another CPU model."""
+    memory_suite = _memory_suite()
+    from _common import cpu_model  # type: ignore[import-not-found]
+
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    epochs = str(memory_suite.preset_setting("poc-memory", "epochs"))
+    output = "test_memory_suite_import_same"
+    path = RESULTS / f"{output}.json"
+    record = {"task": "poc-memory", "seed": 3, "returncode": 0, "overrides": {"epochs": epochs}}
+    record["command"] = "imported from elsewhere"
+    here, there = cpu_model(), "Another CPU"
+    runs = {
+        f"poc-memory seed=3 --epochs {epochs} imported on {cpu}": {**record, "cpu": cpu}
+        for cpu in (here, there)
+    }
+    path.write_text(json.dumps({"runs": runs}))
+    config = {**vars(TrainConfig()), **load_yaml("poc_memory", preset=True), "seed": 3}
+    run = tmp_path / "run"
+    run.mkdir()
+    summary = {"config": config, "eval_return_mean": 1.0, "eval_return_std": 0.0}
+    (run / "summary.json").write_text(json.dumps({**summary, "env_steps": 8, "wall_time_s": 1}))
+    (run / "metrics.csv").write_text("env_steps,wall_time_s,episode_return_mean\n8,1.0,1.1\n")
+    try:
+        memory_suite.main(["--output", output, "--import-run", "poc-memory", "3", str(run)])
+        assert sorted(json.loads(path.read_text())["runs"]) == sorted(
+            [
+                f"poc-memory seed=3 imported on {here}",
+                f"poc-memory seed=3 --epochs {epochs} imported on {there}",
+            ]
+        )
+    finally:
+        path.unlink(missing_ok=True)
