@@ -712,7 +712,10 @@ def report(suite: Suite, results_page: Path) -> None:
         "training return (the mean of the last 20 episodes, stochastic policy); the final "
         "eval is deterministic, over the preset's evaluation episodes. Each run records its "
         "CPU model (`cpu` in the JSON, from 2026-12-04 on): a seed's run on one CPU model "
-        "takes another path than on another, so a seed run on two appears twice, labelled.",
+        "takes another path than on another, so a seed run on two appears twice, labelled. "
+        "A run recorded before its preset changed a setting carries the earlier value as a "
+        "flag (`PRESET_CHANGES` in the script), so each row holds runs of one set of "
+        "settings; the rate's interval is the 95% Wilson score interval.",
         "",
         *task_table(suite),
         "",
