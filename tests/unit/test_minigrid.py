@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -171,6 +172,9 @@ def test_presets_load_by_either_name(size):
 
 
 def test_a_short_training_run(tmp_path):
+    """A short run trains and evaluates; ``benchmarks/minigrid_starts.py`` then splits the
+    checkpoint's deterministic episodes by start x, each episode once, as ``rppo-eval``
+    scores them, and refuses a checkpoint of another env."""
     out = tmp_path / "run"
     argv = ["--preset", "minigrid-memory-s9", "--total-steps", "512", "--num-workers", "4"]
     argv += ["--rollout-steps", "64", "--num-minibatches", "2", "--epochs", "1"]
@@ -179,3 +183,27 @@ def test_a_short_training_run(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_steps"] == 512 and summary["eval_episodes"] == 2
     assert 0.0 <= summary["eval_return_mean"] <= 1.0
+
+    benchmarks = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        import minigrid_starts
+    finally:
+        sys.path.remove(benchmarks)
+    result = minigrid_starts.by_start(str(out), episodes=12, seed=7)
+    played = {int(x): n for x, (_, n) in result["by_start"].items()}
+    assert sum(played.values()) == 12 and set(played) <= set(range(1, 7))
+    assert result["solved"] == sum(k for k, _ in result["by_start"].values())
+    expected = []
+    for i in range(12):
+        env = gym.make(S9)
+        env.reset(seed=7 + i)
+        expected.append(int(env.unwrapped.agent_pos[0]))
+        env.close()
+    assert played == {x: expected.count(x) for x in set(expected)}
+    other = tmp_path / "poc"
+    poc = ["--preset", "poc-memory", "--total-steps", "256", "--num-workers", "4"]
+    poc += ["--eval-episodes", "1", "--no-progress", "--output", str(other)]
+    assert main(poc) == 0
+    with pytest.raises(SystemExit, match="is not a MiniGrid Memory env"):
+        minigrid_starts.by_start(str(other), episodes=2, seed=0)

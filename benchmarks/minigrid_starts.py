@@ -1,0 +1,117 @@
+"""Which starts a trained MiniGrid Memory agent solves: its deterministic success by start x.
+
+MiniGrid Memory puts the agent at a random ``x`` of the start room and hallway (``1`` to
+``hallway_end``: 6 in S9), facing the junction, with the cue at ``(1, height // 2 - 1)``. With
+the 3x3 view the cue is in view at the first step only from ``x = 1``; from ``x = 2, 3`` the
+agent must turn round to see it, and from ``x >= 4`` turn round and walk back. A policy that
+remembers the cue but never learnt to look back solves ``x = 1`` and guesses elsewhere, so the
+split by start says which of these skills a run has, where its final eval only says how often
+it won.
+
+Each episode ``i`` is played by ``rppo_td.train.evaluate_agent`` (the mode of the policy,
+env ``i`` seeded ``--seed + i``, as ``rppo-eval`` scores); its start is read from a second env
+reset with the same seed (the layout depends on the reset seed only). An episode counts as
+solved if its return is positive (the matching object reached; the other one gives 0).
+
+    python benchmarks/minigrid_starts.py runs/s9-seed0 runs/s9-seed1      # run directories
+    python benchmarks/minigrid_starts.py runs/s9-seed0/checkpoint.pt --episodes 600
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import gymnasium as gym
+import torch
+from _common import print_table, write_json
+
+import rppo_td.envs  # noqa: F401  (registers the rppo_td/ ids)
+from rppo_td.train import TrainConfig, evaluate_agent
+from rppo_td.train._checkpoint import checkpoint_file, load_checkpoint
+from rppo_td.train._setup import build_agent
+
+
+def start_positions(env_id: str, episodes: int, seed: int) -> list[int]:
+    """The agent's start ``x`` of each episode ``i`` (reset seed ``seed + i``)."""
+    env = gym.make(env_id)
+    try:
+        unwrapped = env.unwrapped
+        starts = []
+        for i in range(episodes):
+            env.reset(seed=seed + i)
+            # set by MiniGrid Memory's reset (its layout), which no other env has
+            if not hasattr(unwrapped, "success_pos") or not hasattr(unwrapped, "agent_pos"):
+                raise SystemExit(
+                    f"{env_id} is not a MiniGrid Memory env (its unwrapped env "
+                    f"{type(unwrapped).__name__} has no success_pos after a reset): this "
+                    "script splits MiniGrid Memory episodes by start"
+                )
+            starts.append(int(unwrapped.agent_pos[0]))
+        return starts
+    finally:
+        env.close()
+
+
+def by_start(path: str, episodes: int, seed: int) -> dict:
+    """The checkpoint's deterministic returns, and its successes per start ``x``."""
+    file = checkpoint_file(path)
+    data = load_checkpoint(file)
+    config = TrainConfig.from_dict(data["config"], where=f"the config in {str(file)!r}")
+    starts = start_positions(config.env, episodes, seed)
+    torch.set_num_threads(max(1, config.threads))
+    agent = build_agent(config)
+    agent.load_state_dict(data["model"])
+    result = evaluate_agent(agent, config.env, episodes=episodes, seed=seed)
+    returns = result["eval_returns"]
+    played = Counter(starts)
+    solved = Counter(x for x, value in zip(starts, returns, strict=True) if value > 0)
+    return {
+        "checkpoint": str(file),
+        "env": config.env,
+        "train_seed": config.seed,
+        "eval_return_mean": result["eval_return_mean"],
+        "solved": sum(solved.values()),
+        "episodes": episodes,
+        "by_start": {str(x): [solved[x], played[x]] for x in sorted(played)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories or checkpoint files")
+    parser.add_argument("--episodes", type=int, default=300, help="episodes per checkpoint")
+    parser.add_argument("--seed", type=int, default=100_000, help="first episode's reset seed")
+    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be >= 1, got {args.episodes}")
+    results = []
+    for path in args.runs:
+        if not Path(path).exists():
+            parser.error(f"{path} does not exist: give a run directory or a checkpoint file")
+        results.append(by_start(path, args.episodes, args.seed))
+    starts = sorted({int(x) for r in results for x in r["by_start"]})
+    rows = [
+        [
+            r["checkpoint"],
+            str(r["train_seed"]),
+            f"{r['eval_return_mean']:.3f}",
+            f"{r['solved']}/{r['episodes']}",
+            *(
+                "{}/{}".format(*r["by_start"][str(x)]) if str(x) in r["by_start"] else "-"
+                for x in starts
+            ),
+        ]
+        for r in results
+    ]
+    print_table(["checkpoint", "seed", "eval", "solved", *(f"x = {x}" for x in starts)], rows)
+    if args.output:
+        print(f"wrote {write_json(args.output, {'results': results})}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
