@@ -6,7 +6,9 @@ the 3x3 view the cue is in view at the first step only from ``x = 1``; from ``x 
 agent must turn round to see it, and from ``x >= 4`` turn round and walk back. A policy that
 remembers the cue but never learnt to look back solves ``x = 1`` and guesses elsewhere, so the
 split by start says which of these skills a run has, where its final eval only says how often
-it won.
+it won. Beside each start's successes: the policy's first action there (its mode: ``L``, ``R``
+turn left or right, ``F`` forward) and the mode's mean probability; a policy that goes forward
+at the start with probability near 1 no longer explores turning round.
 
 Each episode ``i`` is played by ``rppo_td.train.evaluate_agent`` (the mode of the policy,
 env ``i`` seeded ``--seed + i``, as ``rppo-eval`` scores); its start is read from a second env
@@ -25,23 +27,30 @@ from collections import Counter
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from _common import print_table, write_json
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 import rppo_td.envs  # noqa: F401  (registers the rppo_td/ ids)
+from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train import TrainConfig, evaluate_agent
 from rppo_td.train._checkpoint import checkpoint_file, load_checkpoint
 from rppo_td.train._setup import build_agent
 
+# MiniGrid Memory's three actions as rppo_td/MiniGrid-Memory* keeps them
+ACTIONS = "LRF"
 
-def start_positions(env_id: str, episodes: int, seed: int) -> list[int]:
-    """The agent's start ``x`` of each episode ``i`` (reset seed ``seed + i``)."""
+
+def start_positions(env_id: str, episodes: int, seed: int) -> tuple[list[int], np.ndarray]:
+    """The agent's start ``x`` and first observation of each episode ``i`` (seed ``seed + i``)."""
     env = gym.make(env_id)
     try:
         unwrapped = env.unwrapped
-        starts = []
+        starts, first = [], []
         for i in range(episodes):
-            env.reset(seed=seed + i)
+            obs, _ = env.reset(seed=seed + i)
+            first.append(obs)
             # set by MiniGrid Memory's reset (its layout), which no other env has
             if not hasattr(unwrapped, "success_pos") or not hasattr(unwrapped, "agent_pos"):
                 raise SystemExit(
@@ -50,9 +59,19 @@ def start_positions(env_id: str, episodes: int, seed: int) -> list[int]:
                     "script splits MiniGrid Memory episodes by start"
                 )
             starts.append(int(unwrapped.agent_pos[0]))
-        return starts
+        return starts, np.stack(first)
     finally:
         env.close()
+
+
+def first_actions(agent: RecurrentActorCritic, first: np.ndarray) -> tuple[list[int], list[float]]:
+    """The policy's mode at each episode's first step, and the mode's probability."""
+    td = observation_to_tensordict(first, agent.leaves, (len(first),))
+    td.set("is_init", torch.ones(len(first), 1, dtype=torch.bool))
+    agent.eval()
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        RecurrentActor(agent)(td)
+    return td.get("action").tolist(), td.get("action_log_prob").exp().tolist()
 
 
 def by_start(path: str, episodes: int, seed: int) -> dict:
@@ -60,14 +79,21 @@ def by_start(path: str, episodes: int, seed: int) -> dict:
     file = checkpoint_file(path)
     data = load_checkpoint(file)
     config = TrainConfig.from_dict(data["config"], where=f"the config in {str(file)!r}")
-    starts = start_positions(config.env, episodes, seed)
+    starts, first = start_positions(config.env, episodes, seed)
     torch.set_num_threads(max(1, config.threads))
     agent = build_agent(config)
     agent.load_state_dict(data["model"])
+    modes, chances = first_actions(agent, first)
     result = evaluate_agent(agent, config.env, episodes=episodes, seed=seed)
     returns = result["eval_returns"]
     played = Counter(starts)
     solved = Counter(x for x, value in zip(starts, returns, strict=True) if value > 0)
+    first_step = {}
+    for x in played:
+        here = [(m, p) for s, m, p in zip(starts, modes, chances, strict=True) if s == x]
+        mode = Counter(m for m, _ in here).most_common(1)[0][0]
+        chance = sum(p for m, p in here if m == mode) / len(here)
+        first_step[str(x)] = [ACTIONS[mode], round(chance, 3)]
     return {
         "checkpoint": str(file),
         "env": config.env,
@@ -76,6 +102,9 @@ def by_start(path: str, episodes: int, seed: int) -> dict:
         "solved": sum(solved.values()),
         "episodes": episodes,
         "by_start": {str(x): [solved[x], played[x]] for x in sorted(played)},
+        # per start: the commonest first mode, and its probability averaged over all episodes
+        # of that start (0 where another mode was taken)
+        "first_action": {x: first_step[x] for x in sorted(first_step, key=int)},
     }
 
 
@@ -101,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['eval_return_mean']:.3f}",
             f"{r['solved']}/{r['episodes']}",
             *(
-                "{}/{}".format(*r["by_start"][str(x)]) if str(x) in r["by_start"] else "-"
+                "{}/{} · {} {:.2f}".format(*r["by_start"][str(x)], *r["first_action"][str(x)])
+                if str(x) in r["by_start"]
+                else "-"
                 for x in starts
             ),
         ]

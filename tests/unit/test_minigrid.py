@@ -194,6 +194,8 @@ def test_a_short_training_run(tmp_path):
     played = {int(x): n for x, (_, n) in result["by_start"].items()}
     assert sum(played.values()) == 12 and set(played) <= set(range(1, 7))
     assert result["solved"] == sum(k for k, _ in result["by_start"].values())
+    assert result["first_action"].keys() == result["by_start"].keys()
+    assert all(a in "LRF" and 0.0 < p <= 1.0 for a, p in result["first_action"].values())
     expected = []
     for i in range(12):
         env = gym.make(S9)
