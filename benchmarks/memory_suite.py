@@ -311,10 +311,11 @@ def imported(result: dict) -> bool:
 def flags_over_preset(result: dict) -> dict[str, str]:
     """The run's ``overrides`` that differ from its task's preset as it is now."""
     preset = preset_settings(TASKS[result["task"]].preset)
+    missing = object()  # a name that is no setting differs from the preset
     return {
         name: value
         for name, value in result.get("overrides", {}).items()
-        if str(preset[name.replace("-", "_")]) != value
+        if str(preset.get(name.replace("-", "_"), missing)) != value
     }
 
 
@@ -837,7 +838,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
         parser.error(f"--flags must be '--name value' pairs, got {args.flags!r}")
     flags = tuple((name[2:], value) for name, value in zip(words[::2], words[1::2], strict=True))
+    settings = preset_settings(TASKS[args.tasks[0]].preset) if args.tasks else {}
     for name, _ in flags:
+        if settings and name.replace("-", "_") not in settings:
+            parser.error(
+                f"--flags: --{name} is no rppo-train setting (see rppo-train --help; on-off "
+                "settings as '--name True' or '--name False')"
+            )
         if name in ("seed", "total-steps", "output", "preset"):
             parser.error(
                 f"--flags must not set --{name}: the suite sets it for each run (use --seeds, "

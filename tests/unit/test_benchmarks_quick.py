@@ -359,3 +359,12 @@ def test_memory_suite_import_replaces_the_same_run_recorded_under_another_key(
         )
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_memory_suite_refuses_a_flag_that_is_no_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """A misspelt ``--flags`` name is a one-line usage error naming it, before any run."""
+    memory_suite = _memory_suite()
+    with pytest.raises(SystemExit) as stop:
+        memory_suite.main(["--tasks", "poc-memory", "--flags", "--hiden-size 4"])
+    assert stop.value.code == 2
+    assert "--hiden-size is no rppo-train setting" in capsys.readouterr().err
