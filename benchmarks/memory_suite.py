@@ -179,7 +179,7 @@ PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
 def with_preset_of_its_time(key: str, result: dict) -> tuple[str, dict]:
     """A recorded run, keyed and labelled with the settings it was made with.
 
-    The settings that a preset changed after the run finished, and that the run did not set
+    The settings that a preset changed after the run was made, and that the run did not set
     by a flag, join its ``overrides`` with their earlier values; its key gains them as flags.
     A run already carrying them (or made after every change) is returned as it is. A run is
     dated by its start where recorded (``started``; the preset is read then), else by

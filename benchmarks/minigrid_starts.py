@@ -30,12 +30,12 @@ import gymnasium as gym
 import numpy as np
 import torch
 from _common import print_table, write_json
-from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 import rppo_td.envs  # noqa: F401  (registers the rppo_td/ ids)
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train import TrainConfig, evaluate_agent
 from rppo_td.train._checkpoint import checkpoint_file, load_checkpoint
+from rppo_td.train._evaluate import _acting as acting
 from rppo_td.train._setup import build_agent
 
 # MiniGrid Memory's three actions as rppo_td/MiniGrid-Memory* keeps them
@@ -47,17 +47,17 @@ def start_positions(env_id: str, episodes: int, seed: int) -> tuple[list[int], n
     env = gym.make(env_id)
     try:
         unwrapped = env.unwrapped
-        starts, first = [], []
-        for i in range(episodes):
-            obs, _ = env.reset(seed=seed + i)
-            first.append(obs)
-            # set by MiniGrid Memory's reset (its layout), which no other env has
-            if not hasattr(unwrapped, "success_pos") or not hasattr(unwrapped, "agent_pos"):
-                raise SystemExit(
-                    f"{env_id} is not a MiniGrid Memory env (its unwrapped env "
-                    f"{type(unwrapped).__name__} has no success_pos after a reset): this "
-                    "script splits MiniGrid Memory episodes by start"
-                )
+        first = [env.reset(seed=seed)[0]]
+        # set by MiniGrid Memory's reset (its layout), which no other env has
+        if not hasattr(unwrapped, "success_pos") or not hasattr(unwrapped, "agent_pos"):
+            raise SystemExit(
+                f"{env_id} is not a MiniGrid Memory env (its unwrapped env "
+                f"{type(unwrapped).__name__} has no success_pos after a reset): this "
+                "script splits MiniGrid Memory episodes by start"
+            )
+        starts = [int(unwrapped.agent_pos[0])]
+        for i in range(1, episodes):
+            first.append(env.reset(seed=seed + i)[0])
             starts.append(int(unwrapped.agent_pos[0]))
         return starts, np.stack(first)
     finally:
@@ -68,8 +68,7 @@ def first_actions(agent: RecurrentActorCritic, first: np.ndarray) -> tuple[list[
     """The policy's mode at each episode's first step, and the mode's probability."""
     td = observation_to_tensordict(first, agent.leaves, (len(first),))
     td.set("is_init", torch.ones(len(first), 1, dtype=torch.bool))
-    agent.eval()
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+    with acting(agent, True):  # as rppo-eval acts: no grad, eval mode, the mode
         RecurrentActor(agent)(td)
     return td.get("action").tolist(), td.get("action_log_prob").exp().tolist()
 
