@@ -17,6 +17,7 @@ from rppo_td.functional._gae import gae_unchecked as gae_unchecked
 from rppo_td.functional._masked import masked_mean, masked_normalize
 from rppo_td.functional._minibatch import balanced_minibatches
 from rppo_td.functional._minibatch import plan_minibatches as plan_minibatches
+from rppo_td.functional._novelty import NoveltyCarry, episodic_novelty, observation_words
 from rppo_td.functional._padding import pad_rows as pad_rows
 from rppo_td.functional._padding import pad_sequences, padding_positions, unpad_sequences
 from rppo_td.functional._padding import runs_pay as runs_pay
@@ -37,13 +38,16 @@ __all__ = [
     "burn_in_lengths",
     "burn_in_window",
     "chunk_episodes",
+    "NoveltyCarry",
     "discounted_segment_sum",
     "episode_first_steps",
     "episode_ids",
     "episode_starts",
+    "episodic_novelty",
     "generalized_advantage_estimate",
     "masked_mean",
     "masked_normalize",
+    "observation_words",
     "pad_sequences",
     "padding_positions",
     "sequence_layout",

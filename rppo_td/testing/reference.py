@@ -28,6 +28,7 @@ __all__ = [
     "reference_chunk_ids",
     "reference_done",
     "reference_episode_ids",
+    "reference_episodic_novelty",
     "reference_fragments",
     "reference_gae",
     "reference_minibatch_sizes",
@@ -313,3 +314,49 @@ def reference_minibatch_sizes(lengths: list[int], num_minibatches: int) -> list[
             cuts[k] = n - (m - k)
     cuts[0], cuts[m] = 0, n
     return [cuts[k + 1] - cuts[k] for k in range(m)]
+
+
+def reference_episodic_novelty(
+    rollouts: list[TensorDictBase],
+    observation_keys: tuple = ("observation",),
+    keys: RolloutKeys = DEFAULT_KEYS,
+) -> list[list[list[bool]]]:
+    """``novel[r][w][t]`` over consecutive rollouts of the same workers, with a set per worker.
+
+    A step is novel when the observation after it (the ``("next", key)`` leaves together) is
+    not among its episode's observations so far, byte for byte. An episode starts at the
+    first rollout's first step, after a ``done`` step (in this rollout or at the end of the
+    previous one) and wherever ``is_init`` is True; its first observation is the root leaves'.
+    """
+
+    def view(td: TensorDictBase, root: bool, w: int, t: int) -> bytes:
+        parts = []
+        for key in observation_keys:
+            path = key if isinstance(key, tuple) else (key,)
+            value = td.get(path if root else ("next", *path))[w, t]
+            parts.append(value.contiguous().numpy().tobytes())
+        return b"|".join(parts)
+
+    out: list[list[list[bool]]] = []
+    seen: list[set[bytes]] = []
+    ended: list[bool] = []
+    for index, td in enumerate(rollouts):
+        num_workers, num_steps = td.batch_size
+        if index == 0:
+            seen = [set() for _ in range(num_workers)]
+            ended = [True] * num_workers
+        done = reference_done(td, keys)
+        is_init = _flag_rows(td, keys.is_init) if td.get(keys.is_init, None) is not None else None
+        novel = [[False] * num_steps for _ in range(num_workers)]
+        for w in range(num_workers):
+            for t in range(num_steps):
+                new = ended[w] if t == 0 else done[w][t - 1]
+                if new or (is_init is not None and is_init[w][t]):
+                    seen[w] = {view(td, True, w, t)}
+                key = view(td, False, w, t)
+                novel[w][t] = key not in seen[w]
+                seen[w].add(key)
+            if num_steps:
+                ended[w] = done[w][num_steps - 1]
+        out.append(novel)
+    return out

@@ -229,6 +229,20 @@ class TrainConfig:
         high=1e6,
     )
     entropy_coef: float = _doc("entropy bonus coefficient", default=0.0, low=0.0, high=1e6)
+    novelty_bonus: float = _doc(
+        "reward added for each step that reaches an observation not seen before in its "
+        "episode (EpisodicNoveltyBonus: an exploration bonus for memory tasks, where looking "
+        "back at a cue is a detour before it pays); learning only, the logged returns and the "
+        "evaluation stay the env's; 0: off",
+        default=0.0,
+        low=0.0,
+        high=1e6,
+    )
+    novelty_steps: int = _doc(
+        "env steps over which novelty_bonus falls linearly to 0 (0: total_steps)",
+        default=0,
+        low=0,
+    )
     max_grad_norm: float = _doc("gradient-norm clip", default=0.5, low=0.0, high=1e6)
     normalize_advantage: bool = _doc(
         "standardise advantages per minibatch over real steps (masked_normalize); off by "
@@ -342,6 +356,13 @@ class TrainConfig:
                 f"anneal_steps={self.anneal_steps} is shorter than one update: the schedule "
                 f"moves once per update of num_workers * rollout_steps = "
                 f"{self.steps_per_update} steps; use anneal_steps=0 (total_steps) or >= "
+                f"{self.steps_per_update}"
+            )
+        if self.novelty_steps and self.novelty_steps < self.steps_per_update:
+            raise ValueError(
+                f"novelty_steps={self.novelty_steps} is shorter than one update: the bonus "
+                f"moves once per update of num_workers * rollout_steps = "
+                f"{self.steps_per_update} steps; use novelty_steps=0 (total_steps) or >= "
                 f"{self.steps_per_update}"
             )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)

@@ -52,6 +52,7 @@ from rppo_td.train._outputs import (
 from rppo_td.train._ppo import PPOSettings, PPOUpdate
 from rppo_td.train._setup import build_agent, seed_everything
 from rppo_td.train._vector_collector import VectorCollector
+from rppo_td.transforms import EpisodicNoveltyBonus
 
 __all__ = ["Trainer", "train"]
 
@@ -208,6 +209,12 @@ class Trainer:
         # the first checkpoint
         self._envs_picklable = hasattr(self.collector, "env_copies")
         self._env_state()
+        # the bonus reads the observations the agent reads; its coef is set every update
+        self.novelty = (
+            EpisodicNoveltyBonus(config.novelty_bonus, observation_keys=self.agent.observation_keys)
+            if config.novelty_bonus
+            else None
+        )
         self.ppo = PPOUpdate(
             self.actor,
             self.critic,
@@ -230,6 +237,7 @@ class Trainer:
                 burn_in=config.burn_in,
                 target_kl=config.target_kl,
             ),
+            novelty=self.novelty,
         )
         self.counters: dict[str, Any] = {
             "update": 0,
@@ -334,6 +342,10 @@ class Trainer:
                 self.collector.load_state_dict(state, envs)
             else:
                 self.collector.load_state_dict(checkpoint["collector"])
+            # what the open episodes have seen, only where they go on (the envs restored);
+            # envs restarted from a reset start every episode afresh
+            if self.novelty is not None and envs is not None and "novelty" in checkpoint:
+                self.novelty.load_state_dict(checkpoint["novelty"])
         except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise ValueError(
                 f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
@@ -362,6 +374,7 @@ class Trainer:
                 "counters": dict(self.counters),
                 "recent_returns": [float(x) for x in self.recent],
                 "recent_lengths": [int(x) for x in self.recent_lengths],
+                **({"novelty": self.novelty.state_dict()} if self.novelty is not None else {}),
             },
             env_state=self._env_state(),
         )
@@ -373,11 +386,19 @@ class Trainer:
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
         return lr, max(clip, 1e-3)
 
+    def _novelty_coef(self, update: int) -> float:
+        """``novelty_bonus``, falling linearly to 0 over ``novelty_steps`` (or the run)."""
+        c = self.config
+        updates = c.novelty_steps // c.steps_per_update if c.novelty_steps else c.num_updates
+        return c.novelty_bonus * max(0.0, 1.0 - update / updates)
+
     def _one_update(self) -> dict[str, Any]:
         update = self.counters["update"]
         lr, clip = self._schedule(update)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.novelty is not None:
+            self.novelty.coef = self._novelty_coef(update)
         start = time.perf_counter()
         rollout = next(self._batches)
         collected = time.perf_counter()
@@ -418,6 +439,7 @@ class Trainer:
             "episodes": self.counters["episodes"],
             "learning_rate": lr,
             "clip_epsilon": clip,
+            **({"novelty_bonus": self.novelty.coef} if self.novelty is not None else {}),
             **stats,
         }
 

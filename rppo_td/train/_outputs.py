@@ -55,6 +55,8 @@ METRIC_FIELDS = (
     "learning_rate",
     "clip_epsilon",
     "epochs",
+    "novelty_bonus",  # novelty_bonus runs only: the bonus of this update's rollout
+    "novel_fraction",  # ... and the share of its steps that earned it
 )
 
 # the fields summary.json, rppo-train's final output and rppo-eval's output have in common

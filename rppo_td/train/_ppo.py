@@ -16,6 +16,7 @@ from rppo_td.train._distributed import average_gradients
 from rppo_td.transforms import (
     GAE,
     EpisodeSplitter,
+    EpisodicNoveltyBonus,
     SequenceChunker,
     SequencePadder,
     SequenceStartStates,
@@ -68,6 +69,8 @@ class PPOUpdate:
         generator: draws the minibatch order (part of the checkpointed RNG state).
         world_size: ranks of a data-parallel run (torchrun); above 1 every gradient is
             averaged over the ranks after each backward pass, before the norm is clipped.
+        novelty: an ``EpisodicNoveltyBonus`` applied to each rollout first (its ``coef`` set
+            by the caller between updates), or None.
     """
 
     def __init__(
@@ -79,8 +82,10 @@ class PPOUpdate:
         settings: PPOSettings,
         generator: torch.Generator,
         world_size: int = 1,
+        novelty: EpisodicNoveltyBonus | None = None,
     ) -> None:
         self.optimizer = optimizer
+        self.novelty = novelty
         self.world_size = world_size
         self.settings = settings
         self.gae = GAE(gamma=settings.gamma, lmbda=settings.lmbda, value_network=critic)
@@ -132,9 +137,12 @@ class PPOUpdate:
     def prepare(self, rollout: TensorDictBase) -> TensorDictBase:
         """GAE, episode ids and sequence ids on the ``[W, T]`` rollout (in place).
 
-        With ``reward_scale`` other than 1, ``("next", "reward")`` is scaled first (the
-        value targets and the critic learn the scaled returns).
+        With ``novelty``, its bonus is added to ``("next", "reward")`` first; with
+        ``reward_scale`` other than 1, the reward is then scaled (the value targets and the
+        critic learn the scaled returns).
         """
+        if self.novelty is not None:
+            rollout = self.novelty(rollout)
         if self.settings.reward_scale != 1.0:
             reward = rollout.get(("next", "reward"))
             rollout.set(("next", "reward"), reward * self.settings.reward_scale)
@@ -176,6 +184,9 @@ class PPOUpdate:
                 break
         means = {name: float(value) / count for name, value in totals.items()}
         means["epochs"] = epochs
+        if self.novelty is not None:
+            # the share of this rank's steps that reached a view new to their episode
+            means["novel_fraction"] = float(rollout.get(self.novelty.novel_key).float().mean())
         return means
 
     def _step(self, batch: TensorDictBase) -> dict[str, torch.Tensor]:

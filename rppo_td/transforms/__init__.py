@@ -3,6 +3,7 @@
 from rppo_td.transforms._device import DeviceMover
 from rppo_td.transforms._episodes import EpisodeSplitter, SequenceChunker
 from rppo_td.transforms._gae import GAE
+from rppo_td.transforms._novelty import EpisodicNoveltyBonus
 from rppo_td.transforms._padder import SequencePadder
 from rppo_td.transforms._start_states import SequenceStartStates
 
@@ -10,6 +11,7 @@ __all__ = [
     "GAE",
     "DeviceMover",
     "EpisodeSplitter",
+    "EpisodicNoveltyBonus",
     "SequenceChunker",
     "SequencePadder",
     "SequenceStartStates",

@@ -23,7 +23,7 @@ from rppo_td._validation import (
 from rppo_td.functional import chunk_episodes_unchecked, episode_ids_unchecked, episode_starts
 from rppo_td.transforms._base import RolloutTransform
 
-__all__ = ["EpisodeSplitter", "SequenceChunker"]
+__all__ = ["EpisodeSplitter", "SequenceChunker", "read_done"]
 
 
 def _flag(td: TensorDictBase, key: NestedKey, shape: tuple[int, int]) -> torch.Tensor:
@@ -31,6 +31,53 @@ def _flag(td: TensorDictBase, key: NestedKey, shape: tuple[int, int]) -> torch.T
     check_shape(key, value, (*shape, 1))
     check_dtype(key, value, torch.bool)
     return value.squeeze(-1)
+
+
+def _optional_flag(
+    tensordict: TensorDictBase, key: NestedKey, shape: tuple[int, int]
+) -> torch.Tensor | None:
+    if tensordict.get(key, None) is None:
+        return None
+    return _flag(tensordict, key, shape)
+
+
+def read_done(
+    tensordict: TensorDictBase, keys: RolloutKeys, shape: tuple[int, int], who: str
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``done`` and ``is_init`` (or None) of a ``[W, T]`` rollout, each ``[W, T]`` bool.
+
+    Without a ``done`` key, ``done`` is ``terminated | truncated``; with ``done`` and flags,
+    they must agree (one device synchronisation). A ``MissingKeyError`` or ``ValueError``
+    names the key otherwise.
+    """
+    is_init = _optional_flag(tensordict, keys.is_init, shape)
+    terminated = _optional_flag(tensordict, keys.terminated, shape)
+    truncated = _optional_flag(tensordict, keys.truncated, shape)
+    done = _optional_flag(tensordict, keys.done, shape)
+    if done is None:
+        if terminated is None or truncated is None:
+            raise MissingKeyError(
+                f"{who} needs {keys.done!r}, or {keys.terminated!r} and "
+                f"{keys.truncated!r} to make it; the tensordict has "
+                f"{sorted(str(k) for k in tensordict.keys(True, True))}"
+            )
+        return terminated | truncated, is_init
+    if terminated is not None or truncated is not None:
+        named = {keys.done: done}
+        for key, flag in ((keys.terminated, terminated), (keys.truncated, truncated)):
+            if flag is not None:
+                named[key] = flag
+        check_device(named)
+        check_not_meta(named)
+        check_values(
+            {},
+            done_consistent(
+                (keys.done, done),
+                None if terminated is None else (keys.terminated, terminated),
+                None if truncated is None else (keys.truncated, truncated),
+            ),
+        )
+    return done, is_init
 
 
 class EpisodeSplitter(RolloutTransform):
@@ -75,44 +122,10 @@ class EpisodeSplitter(RolloutTransform):
         shape = rollout_shape(tensordict, "EpisodeSplitter")
         check_not_padded(tensordict, keys.loss_mask, "EpisodeSplitter")
         check_not_split_trajs(tensordict, "EpisodeSplitter")
-        is_init = self._optional(tensordict, keys.is_init, shape)
-        terminated = self._optional(tensordict, keys.terminated, shape)
-        truncated = self._optional(tensordict, keys.truncated, shape)
-        done = self._optional(tensordict, keys.done, shape)
-        if done is None:
-            if terminated is None or truncated is None:
-                raise MissingKeyError(
-                    f"EpisodeSplitter needs {keys.done!r}, or {keys.terminated!r} and "
-                    f"{keys.truncated!r} to make it; the tensordict has "
-                    f"{sorted(str(k) for k in tensordict.keys(True, True))}"
-                )
-            done = terminated | truncated
-        elif terminated is not None or truncated is not None:
-            named = {keys.done: done}
-            for key, flag in ((keys.terminated, terminated), (keys.truncated, truncated)):
-                if flag is not None:
-                    named[key] = flag
-            check_device(named)
-            check_not_meta(named)
-            check_values(
-                {},
-                done_consistent(
-                    (keys.done, done),
-                    None if terminated is None else (keys.terminated, terminated),
-                    None if truncated is None else (keys.truncated, truncated),
-                ),
-            )
+        done, is_init = read_done(tensordict, keys, shape, "EpisodeSplitter")
         starts = episode_starts(done, is_init)
         tensordict.set(keys.episode_id, episode_ids_unchecked(starts))
         return tensordict
-
-    @staticmethod
-    def _optional(
-        tensordict: TensorDictBase, key: NestedKey, shape: tuple[int, int]
-    ) -> torch.Tensor | None:
-        if tensordict.get(key, None) is None:
-            return None
-        return _flag(tensordict, key, shape)
 
 
 class SequenceChunker(RolloutTransform):

@@ -189,10 +189,14 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
         assert key in evaluation
 
 
-def test_resume_equals_uninterrupted_run(tmp_path):
-    full, _ = _run(tmp_path, "full", total_steps=384, seed=5)
+@pytest.mark.parametrize("novelty", [0.0, 0.5])
+def test_resume_equals_uninterrupted_run(tmp_path, novelty):
+    # with novelty_bonus the open episodes' observations are checkpointed too (PocMemory's
+    # positions repeat within an episode, and its episodes outlast a rollout)
+    extra = {"novelty_bonus": novelty, "env": "rppo_td/PocMemory-v0"} if novelty else {}
+    full, _ = _run(tmp_path, "full", total_steps=384, seed=5, **extra)
     full.run()
-    part, config = _run(tmp_path, "part", total_steps=384, seed=5)
+    part, config = _run(tmp_path, "part", total_steps=384, seed=5, **extra)
     assert part.run(stop_after_updates=2) is None
     assert load_checkpoint(tmp_path / "part")["counters"]["update"] == 2
     resumed = Trainer(config.replace(resume=str(tmp_path / "part")))
@@ -209,8 +213,23 @@ def test_resume_equals_uninterrupted_run(tmp_path):
             "loss_objective",
             "loss_critic",
             "kl_approx",
+            *(("novel_fraction", "novelty_bonus") if novelty else ()),
         ):
             assert ra[key] == rb[key], key
+
+
+def test_novelty_bonus_is_for_learning_only(tmp_path):
+    # masked CartPole pays 1 a step: the logged returns equal the episode lengths whatever
+    # the bonus; the bonus falls linearly to 0 over novelty_steps, once per update
+    trainer, _ = _run(tmp_path, total_steps=512, novelty_bonus=100.0, novelty_steps=128)
+    summary = trainer.run()
+    rows = _rows(tmp_path / "run")
+    assert [float(r["novelty_bonus"]) for r in rows] == [100.0, 50.0] + [0.0] * 6
+    for row in rows:
+        if row["episode_return_mean"] != "nan":
+            assert float(row["episode_return_mean"]) == float(row["episode_length_mean"])
+        assert 0.0 < float(row["novel_fraction"]) <= 1.0  # float observations rarely repeat
+    assert summary is not None and summary["eval_return_mean"] <= 500
 
 
 def test_checkpoint_from_another_config_is_refused(tmp_path, capsys):

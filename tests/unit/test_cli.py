@@ -120,6 +120,13 @@ def test_config_file_then_flags(tmp_path):
         (["--recurrence", "gru", "--forget-bias", "3"], "recurrence='gru' has none"),
         (["--forget-bias", "nan"], "forget_bias must be"),
         (["--forget-bias", "1000"], "forget_bias must be"),
+        (["--novelty-bonus", "-0.1"], "novelty_bonus must be"),
+        (["--novelty-bonus", "nan"], "novelty_bonus must be"),
+        (["--novelty-steps", "-5"], "novelty_steps must be"),
+        (
+            ["--num-workers", "4", "--rollout-steps", "8", "--novelty-steps", "31"],
+            "novelty_steps=31 is shorter than one update",
+        ),
     ],
 )
 def test_bad_values_give_clear_errors(capsys, argv, message):
