@@ -196,9 +196,11 @@ def episodic_novelty(
         parts_rows.insert(0, carry.rows[keep])
     event_episode = torch.cat(parts_episode)
     event_order = torch.cat(parts_order)
-    rows = torch.cat(parts_rows)
+    # the few carried and first rows, then every outcome (a view: no copy of the rollout)
+    head = torch.cat(parts_rows[:-1])
+    tail = parts_rows[-1]
     outcomes = workers * steps  # the last events, in row-major step order
-    _, row_id = torch.unique(rows, dim=0, return_inverse=True)
+    row_id = _row_ids(head, tail)
     # sort by (episode, row id, order): stable sorts from the least significant key
     perm = torch.argsort(event_order, stable=True)
     perm = perm[torch.argsort(row_id[perm], stable=True)]
@@ -213,8 +215,67 @@ def episodic_novelty(
     novel = is_first[-outcomes:].view(workers, steps)
     # the next carry: the distinct rows of each worker's last episode
     event_worker = _worker_of_episode(episode, event_episode)
-    chosen = is_first & (event_episode == episode[:, -1][event_worker])
-    return novel, NoveltyCarry(rows[chosen], event_worker[chosen])
+    chosen = (is_first & (event_episode == episode[:, -1][event_worker])).nonzero().squeeze(1)
+    return novel, NoveltyCarry(_take(head, tail, chosen), event_worker[chosen])
+
+
+# rows wider than this are numbered through a hash (then checked), narrower ones directly
+_HASH_MIN_WORDS = 8
+_CHUNK_WORDS = 1 << 22  # rows hashed or compared per pass: about 32 MiB of int64 at a time
+
+
+def _take(head: torch.Tensor, tail: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` ``[K]`` of ``cat([head, tail])`` ``[H + R, D]``, without the cat."""
+    size = head.shape[0]
+    in_head = index < size
+    if not bool(in_head.any()):
+        return tail.index_select(0, index - size)
+    out = head.new_empty((index.numel(), head.shape[1]))
+    at_head, at_tail = in_head.nonzero().squeeze(1), (~in_head).nonzero().squeeze(1)
+    out.index_copy_(0, at_head, head.index_select(0, index.index_select(0, at_head)))
+    out.index_copy_(0, at_tail, tail.index_select(0, index.index_select(0, at_tail) - size))
+    return out
+
+
+def _multipliers(words: int, device: torch.device) -> torch.Tensor:
+    """``[D]`` int64 odd hash multipliers (fixed): every word moves a row's hash."""
+    generator = torch.Generator().manual_seed(0x5EED)
+    # products and sums wrap modulo 2**64
+    return (torch.randint(-(2**62), 2**62, (words,), generator=generator) * 2 + 1).to(device)
+
+
+def _row_ids(head: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+    """``[H + R]`` int64 ids of the rows of ``cat([head, tail])``, equal where rows are equal.
+
+    Narrow rows go through ``torch.unique(dim=0)``. Wide ones (images: a lexicographic sort
+    of thousands of words per row is slow) are hashed to one int64 each, numbered by a
+    ``unique`` of the hashes, and every row is then compared with the first row of its hash;
+    a collision (never seen in practice) falls back to the direct numbering.
+    """
+    words = head.shape[1]
+    if words < _HASH_MIN_WORDS:
+        return torch.unique(torch.cat([head, tail]), dim=0, return_inverse=True)[1]
+    mult = _multipliers(words, head.device)
+    chunk = max(1, _CHUNK_WORDS // words)
+    hashes = torch.cat(
+        [
+            (part[i : i + chunk] * mult).sum(1)
+            for part in (head, tail)
+            for i in range(0, len(part), chunk)
+        ]
+    )
+    _, inverse = torch.unique(hashes, return_inverse=True)
+    total = hashes.numel()
+    first = torch.full((int(inverse.max()) + 1,), total, dtype=torch.int64, device=head.device)
+    first.scatter_reduce_(0, inverse, torch.arange(total, device=head.device), "amin")
+    representative = first[inverse]
+    # each row that shares its hash with an earlier one must equal that row
+    shared = (representative != torch.arange(total, device=head.device)).nonzero().squeeze(1)
+    for i in range(0, shared.numel(), chunk):
+        index = shared[i : i + chunk]
+        if not torch.equal(_take(head, tail, index), _take(head, tail, representative[index])):
+            return torch.unique(torch.cat([head, tail]), dim=0, return_inverse=True)[1]
+    return inverse
 
 
 def _worker_of_episode(episode: torch.Tensor, event_episode: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,8 @@ def rollout_streams(draw: st.DrawFn):
     steps = draw(st.integers(1, 6), label="T")
     count = draw(st.integers(1, 4), label="rollouts")
     dtype = draw(st.sampled_from(_DTYPES), label="dtype")
+    # 12 int64s: 12 words, wide enough for the hashed numbering of rows
+    width = draw(st.sampled_from([2, 12]), label="width of the first key")
     two_keys = draw(st.booleans(), label="two observation keys")
     with_is_init = draw(st.booleans(), label="is_init")
     use_flags = draw(st.booleans(), label="terminated/truncated without done")
@@ -48,16 +50,19 @@ def rollout_streams(draw: st.DrawFn):
         return x.bool() if dtype == torch.bool else x.to(dtype)
 
     rollouts = []
-    last = {"a": observations((workers, 2)), "b": observations((workers, 1))}
+    last = {"a": observations((workers, width)), "b": observations((workers, 1))}
     for _ in range(count):
         terminated, truncated = draw(episode_ends(workers, steps, end_rate=3), label="ends")
         done = (terminated | truncated).squeeze(-1)
-        nxt = {"a": observations((workers, steps, 2)), "b": observations((workers, steps, 1))}
+        nxt = {
+            "a": observations((workers, steps, width)),
+            "b": observations((workers, steps, 1)),
+        }
         obs = {}
-        for name, width in (("a", 2), ("b", 1)):
+        for name, size in (("a", width), ("b", 1)):
             # a reset after done: a fresh first observation; else the previous next one
             previous = torch.cat([last[name].unsqueeze(1), nxt[name][:, :-1]], 1)
-            reset = observations((workers, steps, width))
+            reset = observations((workers, steps, size))
             after_done = torch.cat([torch.zeros(workers, 1, dtype=torch.bool), done[:, :-1]], 1)
             obs[name] = torch.where(after_done.unsqueeze(-1), reset, previous)
             last[name] = nxt[name][:, -1]
@@ -259,3 +264,27 @@ def test_first_in_a_torchrl_compose():
     first = (padded["time_index"] == 0) & padded["loss_mask"]
     assert torch.equal(padded["advantage"].squeeze(-1)[first], torch.full((2,), 0.25))
     assert padded["advantage"].sum() == 0.5
+
+
+def test_hash_collisions_fall_back_to_exact_numbering(monkeypatch):
+    import rppo_td.functional._novelty as novelty
+
+    gen = torch.Generator().manual_seed(1)
+    obs = torch.randint(0, 2, (3, 6, 16), generator=gen)  # 16 words: hashed
+    nxt = torch.randint(0, 2, (3, 6, 16), generator=gen)
+    nxt[:, 3] = nxt[:, 1]  # some rows repeat
+    start = torch.rand(3, 6, generator=gen) < 0.3
+    start[:, 0] = True
+    expected, _ = novelty.episodic_novelty(obs, nxt, start)
+    # every row hashes to the same value: the check finds unequal rows and numbers exactly
+    monkeypatch.setattr(novelty, "_multipliers", lambda words, device: torch.zeros(words).long())
+    got, _ = novelty.episodic_novelty(obs, nxt, start)
+    assert torch.equal(got, expected)
+    for w in range(3):  # and both are the loop's
+        seen: set = set()
+        for t in range(6):
+            if start[w, t]:
+                seen = {tuple(obs[w, t].tolist())}
+            row = tuple(nxt[w, t].tolist())
+            assert bool(got[w, t]) == (row not in seen)
+            seen.add(row)
