@@ -173,6 +173,11 @@ class Suite:
 # replaces it. Add a line here whenever a task's preset changes a setting.
 PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("2026-12-05T16:51:39+00:00", "minigrid-memory-s9", {"learning-rate": "0.0015"}),
+    (
+        "2026-12-05T20:13:11+00:00",
+        "minigrid-memory-s9",
+        {"novelty-bonus": "0.0", "novelty-steps": "0"},
+    ),
 )
 
 
