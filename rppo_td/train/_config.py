@@ -351,20 +351,14 @@ class TrainConfig:
                 f"forget_bias={self.forget_bias} sets an LSTM's forget gate; "
                 f"recurrence={self.recurrence!r} has none (use forget_bias=0 or recurrence='lstm')"
             )
-        if self.anneal_steps and self.anneal_steps < self.steps_per_update:
-            raise ValueError(
-                f"anneal_steps={self.anneal_steps} is shorter than one update: the schedule "
-                f"moves once per update of num_workers * rollout_steps = "
-                f"{self.steps_per_update} steps; use anneal_steps=0 (total_steps) or >= "
-                f"{self.steps_per_update}"
-            )
-        if self.novelty_steps and self.novelty_steps < self.steps_per_update:
-            raise ValueError(
-                f"novelty_steps={self.novelty_steps} is shorter than one update: the bonus "
-                f"moves once per update of num_workers * rollout_steps = "
-                f"{self.steps_per_update} steps; use novelty_steps=0 (total_steps) or >= "
-                f"{self.steps_per_update}"
-            )
+        for name in ("anneal_steps", "novelty_steps"):  # the schedules' horizons
+            horizon = getattr(self, name)
+            if horizon and horizon < self.steps_per_update:
+                raise ValueError(
+                    f"{name}={horizon} is shorter than one update: the schedule moves once "
+                    f"per update of num_workers * rollout_steps = {self.steps_per_update} "
+                    f"steps; use {name}=0 (total_steps) or >= {self.steps_per_update}"
+                )
         fewest = self.num_workers * -(-self.rollout_steps // self.sequence_length)
         if self.num_minibatches > fewest:
             raise ValueError(
