@@ -384,9 +384,11 @@ class TrainConfig:
 
         ``num_updates`` when ``anneal_steps`` is 0.
         """
-        if not self.anneal_steps:
-            return self.num_updates
-        return self.anneal_steps // self.steps_per_update
+        return self.horizon_updates(self.anneal_steps)
+
+    def horizon_updates(self, steps: int) -> int:
+        """Updates in a schedule's horizon of ``steps`` env steps (0: ``num_updates``)."""
+        return steps // self.steps_per_update if steps else self.num_updates
 
     def output_dir(self) -> Path:
         """``output``, or ``runs/<env>-<recurrence>-s<seed>`` when empty."""

@@ -389,8 +389,7 @@ class Trainer:
     def _novelty_coef(self, update: int) -> float:
         """``novelty_bonus``, falling linearly to 0 over ``novelty_steps`` (or the run)."""
         c = self.config
-        updates = c.novelty_steps // c.steps_per_update if c.novelty_steps else c.num_updates
-        return c.novelty_bonus * max(0.0, 1.0 - update / updates)
+        return c.novelty_bonus * max(0.0, 1.0 - update / c.horizon_updates(c.novelty_steps))
 
     def _one_update(self) -> dict[str, Any]:
         update = self.counters["update"]

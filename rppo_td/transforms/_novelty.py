@@ -12,6 +12,7 @@ from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
+    check_device,
     check_floating,
     check_key_list,
     check_not_padded,
@@ -20,7 +21,12 @@ from rppo_td._validation import (
     get_key,
     rollout_shape,
 )
-from rppo_td.functional import NoveltyCarry, episodic_novelty, observation_words
+from rppo_td.functional import (
+    NoveltyCarry,
+    episode_starts,
+    episodic_novelty,
+    observation_words,
+)
 from rppo_td.transforms._base import RolloutTransform
 from rppo_td.transforms._episodes import read_done
 
@@ -166,10 +172,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
                         f"{k!r} must have batch dims {list(shape)} like the rollout, got shape "
                         f"{list(value.shape)}"
                     )
-                if value.device != reward.device:
-                    raise ValueError(
-                        f"{k!r} is on {value.device}, but {keys.reward!r} on {reward.device}"
-                    )
+                check_device({keys.reward: reward, k: value})
                 pair.append(value)
             if pair[0].shape != pair[1].shape or pair[0].dtype != pair[1].dtype:
                 raise ValueError(
@@ -193,12 +196,12 @@ class EpisodicNoveltyBonus(RolloutTransform):
                 )
             if self._open.device != reward.device:
                 carry = NoveltyCarry(*(x.to(reward.device) for x in carry))
-        start = torch.empty(shape, dtype=torch.bool, device=reward.device)
-        start[:, 1:] = done[:, :-1]
-        if shape[1]:
-            start[:, 0] = True if self._open is None else ~self._open.to(reward.device)
-        if is_init is not None:
-            start |= is_init
+        # column 0 starts an episode unless the worker's carried one goes on
+        start = episode_starts(done, is_init)
+        if self._open is not None and shape[1]:
+            start[:, 0] &= ~self._open.to(start.device)
+            if is_init is not None:
+                start[:, 0] |= is_init[:, 0]
         novel, carry = episodic_novelty(observation, next_observation, start, carry)
         if shape[1]:
             self._carry, self._open = carry, ~done[:, -1]

@@ -20,6 +20,7 @@ from rppo_td import (
 )
 from rppo_td.testing.reference import reference_episodic_novelty
 from rppo_td.testing.strategies import episode_ends
+from tests.unit._data import NESTED
 
 _DTYPES = [torch.int64, torch.uint8, torch.float32, torch.bool]
 
@@ -223,13 +224,7 @@ def test_observations_must_be_comparable_leaves():
 @given(stream=rollout_streams())
 def test_nested_key_overrides_and_set_keys(stream):
     rollouts, keys = stream
-    nested = RolloutKeys(
-        reward=("next", "agent", "reward"),
-        done=("next", "agent", "done"),
-        terminated=("next", "agent", "terminated"),
-        truncated=("next", "agent", "truncated"),
-        is_init=("agent", "is_init"),
-    )
+    nested = NESTED
     plain = EpisodicNoveltyBonus(0.5, observation_keys=keys)
     moved = EpisodicNoveltyBonus(0.5, observation_keys=keys, keys=nested)
     renamed = EpisodicNoveltyBonus(0.5, observation_keys=keys).set_keys(

@@ -1,9 +1,31 @@
-"""A small hand-written rollout shared by the unit tests."""
+"""A small hand-written rollout and nested key overrides shared by the tests."""
 
 from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+
+from rppo_td import RolloutKeys
+
+# every RolloutKeys key moved to a nested place (the transforms' key-override tests)
+NESTED = RolloutKeys(
+    state_value=("agent", "value"),
+    next_state_value=("next", "agent", "value"),
+    reward=("next", "agent", "reward"),
+    terminated=("next", "agent", "terminated"),
+    truncated=("next", "agent", "truncated"),
+    done=("next", "agent", "done"),
+    is_init=("agent", "is_init"),
+    advantage=("agent", "advantage"),
+    value_target=("agent", "value_target"),
+    episode_id=("ids", "episode"),
+    sequence_id=("ids", "sequence"),
+    sequence_offset=("ids", "offset"),
+    loss_mask=("ids", "mask"),
+    worker_index=("ids", "worker"),
+    time_index=("ids", "time"),
+    rollout_steps=("ids", "steps"),
+)
 
 
 def small_rollout(num_workers: int = 2, num_steps: int = 5, seed: int = 0) -> TensorDict:

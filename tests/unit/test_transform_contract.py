@@ -37,26 +37,9 @@ from rppo_td import (
     SequenceSampler,
 )
 from rppo_td.testing.strategies import rollouts
+from tests.unit._data import NESTED
 
 DEFAULT = RolloutKeys()
-NESTED = RolloutKeys(
-    state_value=("agent", "value"),
-    next_state_value=("next", "agent", "value"),
-    reward=("next", "agent", "reward"),
-    terminated=("next", "agent", "terminated"),
-    truncated=("next", "agent", "truncated"),
-    done=("next", "agent", "done"),
-    is_init=("agent", "is_init"),
-    advantage=("agent", "advantage"),
-    value_target=("agent", "value_target"),
-    episode_id=("ids", "episode"),
-    sequence_id=("ids", "sequence"),
-    sequence_offset=("ids", "offset"),
-    loss_mask=("ids", "mask"),
-    worker_index=("ids", "worker"),
-    time_index=("ids", "time"),
-    rollout_steps=("ids", "steps"),
-)
 FIELDS = [name for name in RolloutKeys.__dataclass_fields__]
 
 
