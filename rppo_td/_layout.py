@@ -7,6 +7,7 @@ Not a transform: it sits between ``functional`` and both ``transforms`` (the pad
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +25,14 @@ from rppo_td._lazy import (
     trackable,
 )
 from rppo_td._validation import (
+    check_device,
     check_dtype,
+    check_int_at_least,
+    check_not_meta,
     check_not_padded,
     check_shape,
     check_tensor_leaf,
+    check_tensors,
     check_values,
     get_key,
     rollout_shape,
@@ -63,6 +68,20 @@ class SequenceLayout:
     loss_mask: torch.Tensor
     time_steps: int
     num_workers: int
+
+    def __post_init__(self) -> None:
+        """Checks a layout built by hand (``from_rollout``'s are valid by construction).
+
+        Refused with a ``ValueError`` naming the attribute and what it holds: ``time_steps``
+        or ``num_workers`` not an int >= 1; ``flat_index`` not ``[N, Lp]`` int64 with
+        ``N, Lp >= 1``; ``loss_mask`` not bool of that shape and device; and, read with one
+        device synchronisation, a sequence that does not start at its first position, has a
+        real step after padding, leaves ``[0, W * T)``, does not run ``t, t + 1, ...`` within
+        one worker's row, or shares a step with another sequence, or a padding position whose
+        ``flat_index`` is not 0. The gathers rely on each of these (a sequence is copied as
+        one run of consecutive steps), so a layout that breaks one would gather wrong data.
+        """
+        check_layout(self.flat_index, self.loss_mask, self.time_steps, self.num_workers)
 
     @classmethod
     def from_rollout(
@@ -112,7 +131,21 @@ class SequenceLayout:
         flat_index, loss_mask = layout_from_starts(start, offset)
         if pad_to is not None:
             flat_index, loss_mask = _pad_columns(flat_index, loss_mask, pad_to, who)
-        return cls(flat_index, loss_mask, shape[1], shape[0])
+        return cls._unchecked(flat_index, loss_mask, shape[1], shape[0])
+
+    @classmethod
+    def _unchecked(
+        cls, flat_index: torch.Tensor, loss_mask: torch.Tensor, time_steps: int, num_workers: int
+    ) -> SequenceLayout:
+        """A layout built from valid ids, without ``__post_init__``'s checks (and their sync)."""
+        layout = object.__new__(cls)
+        for name, value in zip(
+            ("flat_index", "loss_mask", "time_steps", "num_workers"),
+            (flat_index, loss_mask, time_steps, num_workers),
+            strict=True,
+        ):
+            object.__setattr__(layout, name, value)
+        return layout
 
     @property
     def num_sequences(self) -> int:
@@ -178,6 +211,85 @@ class SequenceLayout:
                 f"rollout it was built from, got batch size {list(td.batch_size)}"
             )
         return gather_sequences(self, td, keys, index, out=out, pool=pool, lazy=lazy)
+
+
+def check_layout(
+    flat_index: object, loss_mask: object, time_steps: object, num_workers: object
+) -> None:
+    """``SequenceLayout.__post_init__``'s checks (see there)."""
+    check_int_at_least("SequenceLayout.time_steps", time_steps, 1)
+    check_int_at_least("SequenceLayout.num_workers", num_workers, 1)
+    check_tensors({"SequenceLayout.flat_index": flat_index, "SequenceLayout.loss_mask": loss_mask})
+    assert isinstance(flat_index, torch.Tensor) and isinstance(loss_mask, torch.Tensor)
+    assert isinstance(time_steps, int) and isinstance(num_workers, int)
+    if flat_index.ndim != 2 or 0 in flat_index.shape:
+        raise ValueError(
+            "SequenceLayout.flat_index must be [N, Lp] with N, Lp >= 1, got shape "
+            f"{list(flat_index.shape)}"
+        )
+    check_dtype("SequenceLayout.flat_index", flat_index, torch.int64)
+    check_dtype("SequenceLayout.loss_mask", loss_mask, torch.bool)
+    check_shape("SequenceLayout.loss_mask", loss_mask, flat_index.shape)
+    check_device({"SequenceLayout.flat_index": flat_index, "SequenceLayout.loss_mask": loss_mask})
+    check_not_meta({"SequenceLayout.flat_index": flat_index, "SequenceLayout.loss_mask": loss_mask})
+    steps = time_steps * num_workers
+    real = loss_mask
+    inside = (flat_index >= 0) & (flat_index < steps)
+    follows = real[:, 1:]
+    step_on = (flat_index[:, 1:] == flat_index[:, :-1] + 1) & (flat_index[:, 1:] % time_steps != 0)
+    uses = torch.zeros(steps, dtype=torch.int64, device=flat_index.device)
+    uses.scatter_add_(0, flat_index.clamp(0, steps - 1).view(-1), real.view(-1).long())
+
+    def where(bad: torch.Tensor, what: str) -> Callable[[], str]:
+        def message() -> str:
+            row, col = (int(i) for i in bad.nonzero()[0])
+            return (
+                f"SequenceLayout {what} (sequence {row}, position {col}: flat_index "
+                f"{int(flat_index[row, col])}, loss_mask {bool(loss_mask[row, col])})"
+            )
+
+        return message
+
+    check_values(
+        {},
+        [
+            (
+                real[:, 0].all(),
+                where(~real[:, :1], "sequences must start at position 0 (loss_mask True there)"),
+            ),
+            (
+                (follows <= real[:, :-1]).all(),
+                where(
+                    torch.nn.functional.pad(follows & ~real[:, :-1], (1, 0)),
+                    "loss_mask must be True then False along each sequence (right padding); "
+                    "found a real step after padding",
+                ),
+            ),
+            (
+                (inside | ~real).all(),
+                where(real & ~inside, f"flat_index must be in [0, W * T = {steps}) on real steps"),
+            ),
+            (
+                (flat_index == 0).logical_or(real).all(),
+                where(~real & (flat_index != 0), "flat_index must be 0 on padding"),
+            ),
+            (
+                (step_on | ~follows).all(),
+                where(
+                    torch.nn.functional.pad(follows & ~step_on, (1, 0)),
+                    f"sequences must run over consecutive steps t, t + 1, ... of one worker's "
+                    f"row (flat_index w * T + t, T = {time_steps})",
+                ),
+            ),
+            (
+                (uses <= 1).all(),
+                lambda: (
+                    f"SequenceLayout.flat_index holds step {int((uses > 1).nonzero()[0])} (w * T + "
+                    "t) in more than one sequence: each step belongs to at most one"
+                ),
+            ),
+        ],
+    )
 
 
 def _pad_columns(

@@ -277,3 +277,31 @@ def test_pad_to_is_the_padding_widened_and_inv_is_exact(td, sequence_length, ext
     if plain.batch_size[1] > 1:
         with pytest.raises(ValueError, match=f"pad_to={plain.batch_size[1] - 1}, but the longest"):
             SequencePadder(pad_to=plain.batch_size[1] - 1)(chunked)
+
+
+@given(rollouts(), sequence_lengths(), st.data())
+def test_hand_built_layout_checked(td, sequence_length, data):
+    """A layout rebuilt by hand from ``from_rollout``'s tensors is accepted; one position moved
+    to another value (off the padding rules, the consecutive steps, or onto a step another
+    sequence holds) is refused with a ``ValueError`` naming ``SequenceLayout``."""
+    from rppo_td import RolloutKeys, SequenceLayout
+
+    layout = SequenceLayout.from_rollout(_chunk(td, sequence_length), RolloutKeys(), "test")
+    fields = (layout.flat_index, layout.loss_mask, layout.time_steps, layout.num_workers)
+    rebuilt = SequenceLayout(*fields)
+    assert torch.equal(rebuilt.flat_index, layout.flat_index)
+    steps = layout.time_steps * layout.num_workers
+    n, lp = layout.flat_index.shape
+    row = data.draw(st.integers(0, n - 1), label="row")
+    col = data.draw(st.integers(0, lp - 1), label="col")
+    flat = layout.flat_index.clone()
+    mask = layout.loss_mask.clone()
+    if data.draw(st.booleans(), label="flip mask"):
+        mask[row, col] = ~mask[row, col]
+    else:
+        old = int(flat[row, col])
+        flat[row, col] = data.draw(
+            st.integers(-2, steps + 2).filter(lambda v: v != old), label="flat value"
+        )
+    with pytest.raises(ValueError, match="SequenceLayout"):
+        SequenceLayout(flat, mask, layout.time_steps, layout.num_workers)

@@ -66,3 +66,30 @@ def test_stacked_scalar_leaves_gather_as_alone():
         assert together[key].dtype == alone[key].dtype
         assert torch.equal(together[key], alone[key])
         assert together[key].is_contiguous()
+
+
+def test_hand_built_layout_refusals_name_the_attribute():
+    import pytest
+
+    flat = torch.tensor([[0, 1, 0], [3, 4, 5]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    SequenceLayout(flat, mask, 3, 2)  # worker 0 steps 0, 1; worker 1 steps 0-2
+    cases = [
+        ((flat, mask, 0, 2), "time_steps must be an int >= 1, got 0"),
+        ((flat, mask, 3, True), "num_workers must be an int >= 1, got True"),
+        ((flat.int(), mask, 3, 2), "flat_index' must have dtype torch.int64, got torch.int32"),
+        ((flat, mask[:, :2], 3, 2), r"loss_mask' must have shape \[2, 3\], got \[2, 2\]"),
+        ((flat[:0], mask[:0], 3, 2), r"flat_index must be \[N, Lp\] with N, Lp >= 1"),
+        ((flat, torch.tensor([[True, False, True], [True] * 3]), 3, 2), "real step after padding"),
+        ((torch.tensor([[0, 1, 0], [3, 4, 6]]), mask, 3, 2), r"in \[0, W \* T = 6\)"),
+        ((torch.tensor([[0, 1, 2], [3, 4, 5]]), mask, 3, 2), "must be 0 on padding"),
+        ((torch.tensor([[0, 2, 0], [3, 4, 5]]), mask, 3, 2), "consecutive steps"),
+        # steps 2 and 3 are consecutive in flat numbers but on two workers' rows
+        ((torch.tensor([[2, 3, 0], [3, 4, 5]]), mask, 3, 2), "one worker's row"),
+        ((torch.tensor([[3, 4, 0], [3, 4, 5]]), mask, 3, 2), "step 3 .* in more than one"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            SequenceLayout(*args)
+    with pytest.raises(TypeError, match="flat_index must be a torch.Tensor, got list"):
+        SequenceLayout([[0]], torch.ones(1, 1, dtype=torch.bool), 1, 1)
