@@ -91,5 +91,5 @@ def test_hand_built_layout_refusals_name_the_attribute():
     for args, message in cases:
         with pytest.raises(ValueError, match=message):
             SequenceLayout(*args)
-    with pytest.raises(TypeError, match="flat_index must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"flat_index must be a torch\.Tensor, got list"):
         SequenceLayout([[0]], torch.ones(1, 1, dtype=torch.bool), 1, 1)
