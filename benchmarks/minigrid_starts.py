@@ -33,10 +33,9 @@ from _common import print_table, write_json
 
 import rppo_td.envs  # noqa: F401  (registers the rppo_td/ ids)
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
-from rppo_td.train import TrainConfig, evaluate_agent
-from rppo_td.train._checkpoint import checkpoint_file, load_checkpoint
+from rppo_td.train import evaluate_agent, load_agent
+from rppo_td.train._checkpoint import checkpoint_file
 from rppo_td.train._evaluate import _acting as acting
-from rppo_td.train._setup import build_agent
 
 # MiniGrid Memory's three actions as rppo_td/MiniGrid-Memory* keeps them
 ACTIONS = "LRF"
@@ -76,12 +75,8 @@ def first_actions(agent: RecurrentActorCritic, first: np.ndarray) -> tuple[list[
 def by_start(path: str, episodes: int, seed: int) -> dict:
     """The checkpoint's deterministic returns, and its successes per start ``x``."""
     file = checkpoint_file(path)
-    data = load_checkpoint(file)
-    config = TrainConfig.from_dict(data["config"], where=f"the config in {str(file)!r}")
+    agent, config, _ = load_agent(file)
     starts, first = start_positions(config.env, episodes, seed)
-    torch.set_num_threads(max(1, config.threads))
-    agent = build_agent(config)
-    agent.load_state_dict(data["model"])
     modes, chances = first_actions(agent, first)
     result = evaluate_agent(agent, config.env, episodes=episodes, seed=seed)
     returns = result["eval_returns"]

@@ -13,7 +13,7 @@ import threading
 
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
-from rppo_td.train._evaluate import evaluate_agent
+from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
 from rppo_td.train._outputs import SUMMARY_KEYS, json_text
@@ -27,6 +27,7 @@ __all__ = [
     "evaluate_agent",
     "evaluate_main",
     "list_presets",
+    "load_agent",
     "main",
     "train",
 ]

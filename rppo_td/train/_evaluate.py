@@ -38,7 +38,7 @@ from rppo_td.train._video import (
     render_frame,
 )
 
-__all__ = ["MAX_EPISODES", "evaluate_agent", "main", "record_agent"]
+__all__ = ["MAX_EPISODES", "evaluate_agent", "load_agent", "main", "record_agent"]
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,56 @@ def evaluate_agent(
         "eval_returns": returns.tolist(),
         "eval_wall_time_s": time.perf_counter() - start,
     }
+
+
+def load_agent(
+    path: str | Path, *, image_layout: str | None = None
+) -> tuple[RecurrentActorCritic, TrainConfig, dict[str, Any]]:
+    """The trained agent of a checkpoint, its config and the checkpoint's content.
+
+    Reads ``checkpoint.pt`` with ``load_checkpoint`` (no code runs from the file), builds the
+    agent its config describes (``build_agent``), loads the weights, and sets torch's thread
+    count to the run's ``threads``. The agent acts with ``evaluate_agent``, ``record_agent``
+    or a TorchRL rollout of ``agent.actor``.
+
+    Args:
+        path: ``checkpoint.pt`` or the run directory holding it.
+        image_layout: ``"channels_first"`` or ``"channels_last"`` in place of the config's
+            ``image_layout``, for a checkpoint saved with ``auto`` whose image shape reads
+            either way; one contradicting a saved explicit layout is refused.
+
+    Returns:
+        ``(agent, config, data)``: the agent in eval mode on the CPU, the run's ``TrainConfig``,
+        and the checkpoint's dict (``"counters"``: ``env_steps``, ``wall_time_s``, ...).
+
+    Raises:
+        CheckpointError: no readable checkpoint at ``path`` (a ``ValueError``).
+        ValueError: a config the checkpoint's version cannot read, a contradicting
+            ``image_layout``, or weights that do not fit the agent the config builds.
+    """
+    data = load_checkpoint(path)
+    where = f"the config in the checkpoint {str(path)!r}"
+    config = TrainConfig.from_dict(data["config"], where=where)
+    if image_layout is not None:
+        saved = config.image_layout
+        if saved != "auto" and saved != image_layout:
+            raise ValueError(
+                f"--image-layout {image_layout} contradicts the checkpoint: its model "
+                f"was trained with image_layout {saved} (drop --image-layout; it is for "
+                "checkpoints saved with image_layout auto)"
+            )
+        config = config.replace(image_layout=image_layout)
+    torch.set_num_threads(max(1, config.threads))
+    agent = build_agent(config)
+    try:
+        agent.load_state_dict(data["model"])
+    except RuntimeError as err:
+        raise ValueError(
+            f"the model in {str(path)!r} does not fit the agent its config builds "
+            f"({str(err).splitlines()[0][:200]})"
+        ) from None
+    agent.eval()
+    return agent, config, data
 
 
 def _batch_of_one(obs: Any) -> Any:
@@ -341,28 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     video: dict[str, Any] = {}
     try:
         path = check_video_path(args.video) if args.video is not None else None
-        data = load_checkpoint(args.checkpoint)
-        where = f"the config in the checkpoint {args.checkpoint!r}"
-        config = TrainConfig.from_dict(data["config"], where=where)
-        if args.image_layout is not None:
-            saved = config.image_layout
-            if saved != "auto" and saved != args.image_layout:
-                raise ValueError(
-                    f"--image-layout {args.image_layout} contradicts the checkpoint: its model "
-                    f"was trained with image_layout {saved} (drop --image-layout; it is for "
-                    "checkpoints saved with image_layout auto)"
-                )
-            config = config.replace(image_layout=args.image_layout)
-        torch.set_num_threads(max(1, config.threads))
+        agent, config, data = load_agent(args.checkpoint, image_layout=args.image_layout)
         torch.manual_seed(args.seed)  # --stochastic: the same actions for the same seed
-        agent = build_agent(config)
-        try:
-            agent.load_state_dict(data["model"])
-        except RuntimeError as err:
-            raise ValueError(
-                f"the model in {args.checkpoint!r} does not fit the agent its config builds "
-                f"({str(err).splitlines()[0][:200]})"
-            ) from None
         if path is None:
             result = evaluate_agent(
                 agent,

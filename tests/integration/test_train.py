@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rppo_td.evaluate import main as eval_main
-from rppo_td.train import SUMMARY_KEYS, TrainConfig, Trainer, main
+from rppo_td.train import SUMMARY_KEYS, TrainConfig, Trainer, evaluate_agent, load_agent, main
 from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._loop import _upgrade_collector_state
 
@@ -187,6 +187,15 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert evaluation["env_steps"] == 512
     for key in ("eval_return_mean", "eval_return_std", "wall_time_s", "fps"):
         assert key in evaluation
+    # load_agent (what rppo-eval runs first) gives the checkpoint's agent: its weights, and
+    # the same episodes as rppo-eval's (default --seed 10000)
+    agent, loaded, data = load_agent(out)
+    assert loaded.env == summary["config"]["env"]
+    assert data["counters"]["env_steps"] == 512
+    for name, value in agent.state_dict().items():
+        assert torch.equal(value, checkpoint["model"][name]), name
+    again = evaluate_agent(agent, loaded.env, episodes=3, seed=10_000)
+    assert again["eval_returns"] == evaluation["eval_returns"]
 
 
 @pytest.mark.parametrize("novelty", [0.0, 0.5])
