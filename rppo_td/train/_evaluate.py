@@ -391,8 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     video: dict[str, Any] = {}
     try:
         path = check_video_path(args.video) if args.video is not None else None
+        # --stochastic: the same actions for the same seed (seeded before the agent is built,
+        # whose initialisation draws from the same generator, as rppo-eval always did)
+        torch.manual_seed(args.seed)
         agent, config, data = load_agent(args.checkpoint, image_layout=args.image_layout)
-        torch.manual_seed(args.seed)  # --stochastic: the same actions for the same seed
         if path is None:
             result = evaluate_agent(
                 agent,
