@@ -240,9 +240,10 @@ def check_layout(
     uses = torch.zeros(steps, dtype=torch.int64, device=flat_index.device)
     uses.scatter_add_(0, flat_index.clamp(0, steps - 1).view(-1), real.view(-1).long())
 
-    def where(bad: torch.Tensor, what: str) -> Callable[[], str]:
+    # each message finds its first bad position only when its condition failed
+    def where(bad: Callable[[], torch.Tensor], what: str) -> Callable[[], str]:
         def message() -> str:
-            row, col = (int(i) for i in bad.nonzero()[0])
+            row, col = (int(i) for i in bad().nonzero()[0])
             return (
                 f"SequenceLayout {what} (sequence {row}, position {col}: flat_index "
                 f"{int(flat_index[row, col])}, loss_mask {bool(loss_mask[row, col])})"
@@ -255,28 +256,34 @@ def check_layout(
         [
             (
                 real[:, 0].all(),
-                where(~real[:, :1], "sequences must start at position 0 (loss_mask True there)"),
+                where(
+                    lambda: ~real[:, :1],
+                    "sequences must start at position 0 (loss_mask True there)",
+                ),
             ),
             (
                 (follows <= real[:, :-1]).all(),
                 where(
-                    torch.nn.functional.pad(follows & ~real[:, :-1], (1, 0)),
+                    lambda: torch.nn.functional.pad(follows & ~real[:, :-1], (1, 0)),
                     "loss_mask must be True then False along each sequence (right padding); "
                     "found a real step after padding",
                 ),
             ),
             (
                 (inside | ~real).all(),
-                where(real & ~inside, f"flat_index must be in [0, W * T = {steps}) on real steps"),
+                where(
+                    lambda: real & ~inside,
+                    f"flat_index must be in [0, W * T = {steps}) on real steps",
+                ),
             ),
             (
                 (flat_index == 0).logical_or(real).all(),
-                where(~real & (flat_index != 0), "flat_index must be 0 on padding"),
+                where(lambda: ~real & (flat_index != 0), "flat_index must be 0 on padding"),
             ),
             (
                 (step_on | ~follows).all(),
                 where(
-                    torch.nn.functional.pad(follows & ~step_on, (1, 0)),
+                    lambda: torch.nn.functional.pad(follows & ~step_on, (1, 0)),
                     f"sequences must run over consecutive steps t, t + 1, ... of one worker's "
                     f"row (flat_index w * T + t, T = {time_steps})",
                 ),

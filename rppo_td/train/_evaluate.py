@@ -154,7 +154,7 @@ def load_agent(
     Reads ``checkpoint.pt`` with ``load_checkpoint`` (no code runs from the file), builds the
     agent its config describes (``build_agent``), loads the weights, and sets torch's thread
     count to the run's ``threads``. The agent acts with ``evaluate_agent``, ``record_agent``
-    or a TorchRL rollout of ``agent.actor``.
+    or, as a TorchRL actor, ``rppo_td.modules.RecurrentActor(agent)``.
 
     Args:
         path: ``checkpoint.pt`` or the run directory holding it.
