@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rppo_td._native import all_finite, use_native
+
 if TYPE_CHECKING:  # annotations only: the functional layer imports torch alone
     from tensordict import NestedKey, TensorDictBase
 
@@ -141,7 +143,19 @@ def check_values(
     ok = None
     if conditions:
         ok = conditions[0] if len(conditions) == 1 else torch.stack(conditions).all()
-    if finite:
+    native = (
+        bool(finite)
+        and all(x.dtype in (torch.float32, torch.float64) for x in finite.values())
+        and use_native(*finite.values())
+    )
+    if native:
+        # numba's loop reads each tensor once, without the float64 sums' copies
+        bad = [_name(name) for name, x in finite.items() if not all_finite(x)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
+        if ok is None or bool(ok):
+            return
+    elif finite:
         # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums read
         # each tensor once; a failed condition makes it NaN too, so one read covers all. Only
         # then does the per-tensor check run, to name the culprits (it also clears float64

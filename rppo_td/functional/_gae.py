@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rppo_td._native import gae_rows, segment_sum_rows, use_native
 from rppo_td._validation import (
     check_device,
     check_dtype,
@@ -108,7 +109,12 @@ def segment_sum_unchecked(
     # the start of every segment, with no flip of intermediate results.
     x_rows = x.movedim(dim, -1)
     moved_shape = x_rows.shape
-    y = _rows_sum(x_rows.reshape(-1, steps), carry_on.movedim(dim, -1).reshape(-1, steps), decay)
+    rows = x_rows.reshape(-1, steps)
+    keep = carry_on.movedim(dim, -1).reshape(-1, steps)
+    if x.dtype in (torch.float32, torch.float64) and use_native(rows, keep):
+        y = segment_sum_rows(rows, keep, decay)
+    else:
+        y = _rows_sum(rows, keep, decay)
     return y.reshape(moved_shape).movedim(-1, dim).contiguous()
 
 
@@ -352,6 +358,19 @@ def gae_unchecked(
     """
     state_value = state_value.detach()
     dtype = state_value.dtype
+    floats = (reward.detach(), state_value, next_state_value.detach())
+    if (
+        time_dim % state_value.ndim == state_value.ndim - 2
+        and state_value.numel() > 0
+        and all(x.dtype in (torch.float32, torch.float64) for x in floats)
+        and use_native(*floats, terminated, done)
+    ):
+        steps = state_value.shape[time_dim]
+        shape = state_value.shape
+        advantage, target = gae_rows(
+            *(x.reshape(-1, steps) for x in (*floats, terminated, done)), gamma=gamma, lmbda=lmbda
+        )
+        return advantage.view(shape), target.view(shape)
     bootstrap = next_state_value.detach().to(dtype).masked_fill(terminated, 0.0)
     delta = torch.add(reward.detach().to(dtype), bootstrap, alpha=gamma).sub_(state_value)
     advantage = segment_sum_unchecked(delta, ~done, float(gamma * lmbda), time_dim % delta.ndim)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from rppo_td._native import chunk_flat, layout_flat, use_native
 from rppo_td._validation import (
     check_dtype,
     check_not_meta,
@@ -141,6 +142,9 @@ def chunk_episodes_unchecked(
     start: torch.Tensor, sequence_length: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``chunk_episodes`` of a ``start`` known to be valid (``SequenceChunker`` builds it)."""
+    if use_native(start):
+        sequence_id, offset = chunk_flat(start.flatten(), sequence_length)
+        return sequence_id.view(start.shape), offset.view(start.shape)
     flat = start.flatten()
     arange = torch.arange(flat.numel(), device=flat.device)
     fragment_first = torch.where(flat, arange, 0).cummax(0).values
@@ -245,6 +249,11 @@ def layout_from_starts(
     check_not_meta({"sequence_id": start, "sequence_offset": sequence_offset})
     flat_start = start.flatten()
     flat_offset = sequence_offset.flatten()
+    if use_native(flat_offset, flat_start):
+        try:
+            return layout_flat(flat_start, flat_offset)
+        except LookupError:
+            pass  # the torch path below finds the step again and words the error
     sequence_id = flat_start.cumsum(0).sub_(1)
     expected = torch.empty_like(flat_offset)
     torch.add(flat_offset[:-1], 1, out=expected[1:])

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, functional
+from rppo_td._native import native_kernels
 from rppo_td.testing.reference import (
     reference_chunk_ids,
     reference_episode_ids,
@@ -23,6 +24,13 @@ from rppo_td.testing.strategies import (
     sequence_lengths,
     step_masks,
 )
+
+
+@pytest.fixture(autouse=True, scope="module", params=["torch", "native"])
+def kernels(request):
+    """Every property twice: the torch path, then numba's kernels at every size."""
+    with native_kernels(request.param == "native"):
+        yield request.param
 
 
 def _chunk(td, sequence_length):
