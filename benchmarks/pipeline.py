@@ -10,6 +10,8 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
 - ``rppo_td padded``: the README's composition: the same, but through ``SequencePadder``
   first and the sampler over its output (whose leaves, not read by anyone before the sampler,
   are gathered per minibatch straight from the rollout: the padder makes no copy).
+- ``rppo_td torch ops``: ``rppo_td`` with numba's kernels off (``rppo_td._native``): GAE,
+  chunking and the layout in torch operations only, as on a GPU or without numba.
 - ``loop reference``: ``rppo_td.testing.reference`` (GAE, episode ids, sequences and padding by
   Python loops), then the same epoch of minibatches by indexing its padded output. CPU only; timed
   once, after the others.
@@ -76,6 +78,7 @@ from rppo_td import (
     SequenceSampler,
 )
 from rppo_td._buffers import OutputPool
+from rppo_td._native import native_kernels
 from rppo_td.functional import balanced_minibatches
 from rppo_td.sampling._sampler import gathered_bytes
 
@@ -116,6 +119,12 @@ class Pipeline:
         for minibatch in self.sampler(x):
             seen += minibatch.numel()  # the minibatch is materialised; it dies at the next step
         return seen
+
+
+def torch_ops_epoch(pipeline: Pipeline, td: TensorDictBase) -> int:
+    """``pipeline.epoch`` with numba's kernels off: every stage in torch operations only."""
+    with native_kernels(False):
+        return pipeline.epoch(td)
 
 
 def rppo_epoch(
@@ -314,6 +323,7 @@ def bench_shape(
         "rppo_td": lambda: lazy.epoch(td),
         "rppo_td reuse": lambda: reuse.epoch(td),
         "rppo_td padded": lambda: padded.epoch(td),
+        "rppo_td torch ops": lambda: torch_ops_epoch(lazy, td),
         "torchrl split": lambda: torchrl_split(with_ids),
         "torchrl pipeline": lambda: torchrl_epoch(with_ids, shape),
         "copy": lambda: target.copy_(source),
@@ -344,6 +354,7 @@ def bench_shape(
         "rppo_td / copy fresh": ours / median["copy fresh"],
         "rppo_td reuse / copy": median["rppo_td reuse"] / median["copy"],
         "rppo_td padded / copy": median["rppo_td padded"] / median["copy"],
+        "torch ops / rppo_td": median["rppo_td torch ops"] / ours,
         "torchrl split / rppo_td": median["torchrl split"] / ours,
         "torchrl pipeline / rppo_td": median["torchrl pipeline"] / ours,
     }
@@ -444,6 +455,7 @@ def report(results: list[dict]) -> None:
         "rppo_td",
         "rppo_td reuse",
         "rppo_td padded",
+        "rppo_td torch ops",
         "loop reference",
         "torchrl split",
         "torchrl pipeline",

@@ -83,7 +83,13 @@ def _kernels() -> SimpleNamespace:
 
     import numba
 
-    jit = numba.njit(cache=True, nogil=True)
+    def jit(function: Any) -> Any:
+        # machine code cached on disk where numba finds a writable place, else compiled
+        # once per process (numba refuses cache=True at decoration when it finds none)
+        try:
+            return numba.njit(cache=True, nogil=True)(function)
+        except RuntimeError:
+            return numba.njit(nogil=True)(function)
 
     @jit
     def segment_sum(x: Any, keep: Any, decay: float, out: Any) -> None:
