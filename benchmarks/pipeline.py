@@ -243,9 +243,12 @@ def memory_child(shape: RolloutShape, mode: str, device: str) -> dict[str, float
     td = make_rollout(shape, device=device)
     # warm up every path on a tiny rollout: lazy imports, allocator arenas and kernel caches
     # are not the pipeline's memory (and no path is measured colder than another)
+    # (numba's kernels forced on: their import and machine code are not the pipeline's either)
     tiny = make_rollout(QUICK_SHAPES[0], device=device)
-    for padded, reuse in ((False, False), (False, True), (True, False)):
-        rppo_epoch(tiny, QUICK_SHAPES[0], padded=padded, reuse=reuse)
+    for native in (False, True):
+        with native_kernels(native):
+            for padded, reuse in ((False, False), (False, True), (True, False)):
+                rppo_epoch(tiny, QUICK_SHAPES[0], padded=padded, reuse=reuse)
     gc.collect()
 
     def run() -> None:

@@ -60,6 +60,15 @@ def test_pipeline_quick() -> None:
 
 
 @pytest.mark.slow
+def test_native_kernels_quick() -> None:
+    data = run_quick("native_kernels.py", "test_native_kernels_quick")
+    assert {(r["shape"], r["path"]) for r in data["results"]} >= {("4x32 vec LSTM8", "padded")}
+    for result in data["results"]:
+        assert result["kernels on s"] > 0 and result["kernels off s"] > 0
+        assert result["off / on"] == result["kernels off s"] / result["kernels on s"]
+
+
+@pytest.mark.slow
 def test_gae_quick() -> None:
     data = run_quick("gae.py", "test_gae_quick")
     for result in data["results"]:
