@@ -3,8 +3,9 @@
 The torch paths of GAE, chunking and the sequence layout are whole-tensor expressions: each
 is 5 to 20 ops, each op one pass over memory plus a fixed dispatch cost. On a CPU one loop
 that carries its state from step to step does the same work in one pass: on a 256 x 128
-rollout the segment sum goes from about 0.3-0.9 ms to 0.08 ms, chunking from 0.25-0.7 ms to
-0.05 ms, the layout from 0.35-0.4 ms to 0.11 ms (``benchmarks/pipeline.py``).
+rollout, timed alone on the project's 2-core Intel Xeon VM, the segment sum went from 0.3-0.9
+ms to 0.08 ms, chunking from 0.25-0.7 ms to 0.05 ms, the layout from 0.35-0.4 ms to 0.11 ms
+(``benchmarks/native_kernels.py`` times a whole update's data work with and without them).
 
 A kernel runs where ``use_native`` says so: a CPU tensor of at least ``NATIVE_MIN_ELEMENTS``
 elements that needs no gradient, with numba installed (a dependency of rppo_td; without it
