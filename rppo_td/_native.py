@@ -15,8 +15,8 @@ the bound never imports numba (about 0.2 s) nor compiles a kernel (a few seconds
 installation: the machine code is cached beside this file, or in numba's user cache).
 
 The kernels are the torch paths' exact counterparts (property tests compare them: integer
-outputs equal, sums to float64 rounding); GPU tensors, autograd and ``torch.compile`` take
-the torch paths.
+outputs equal, sums to float64 rounding); GPU tensors, autograd and code traced by
+``torch.compile`` take the torch paths.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["NATIVE_MIN_ELEMENTS", "native_kernels", "use_native"]
+__all__ = ["NATIVE_MIN_ELEMENTS", "native_floats", "native_kernels", "use_native"]
 
 # Below this many elements the torch path's ops cost microseconds each: the kernels would
 # save less in a run than numba's import costs once.
@@ -69,12 +69,18 @@ def _numba_installed() -> bool:
 
 def use_native(*tensors: torch.Tensor) -> bool:
     """Whether the kernels run on ``tensors`` (the first one's size decides, see module doc)."""
-    if _forced is False or not _numba_installed():
+    # is_compiling first: torch.compile's tracer warns on the cached _numba_installed
+    if torch.compiler.is_compiling() or _forced is False or not _numba_installed():
         return False
     first = tensors[0]
     if any(t.device.type != "cpu" or t.requires_grad for t in tensors):
         return False
     return _forced is True or first.numel() >= NATIVE_MIN_ELEMENTS
+
+
+def native_floats(*floats: torch.Tensor) -> bool:
+    """``use_native`` for float tensors the kernels read: float32 or float64 only."""
+    return all(x.dtype in (torch.float32, torch.float64) for x in floats) and use_native(*floats)
 
 
 @functools.cache
@@ -164,7 +170,6 @@ def _kernels() -> SimpleNamespace:
     @jit
     def scatter_layout(start: Any, offset: Any, flat_index: Any, loss_mask: Any) -> None:
         # every position is written: real steps, then each row's padding as 0 / False
-        padded_length = flat_index.shape[1]
         row = -1
         for i in range(start.shape[0]):
             if i == 0 or start[i]:
@@ -174,7 +179,7 @@ def _kernels() -> SimpleNamespace:
                 row += 1
             flat_index[row, offset[i]] = i
             loss_mask[row, offset[i]] = True
-        if row >= 0 and padded_length:
+        if row >= 0:
             last = offset[start.shape[0] - 1] + 1
             flat_index[row, last:] = 0
             loss_mask[row, last:] = False

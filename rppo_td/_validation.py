@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rppo_td._native import all_finite, use_native
+from rppo_td._native import all_finite, native_floats
 
 if TYPE_CHECKING:  # annotations only: the functional layer imports torch alone
     from tensordict import NestedKey, TensorDictBase
@@ -143,34 +143,26 @@ def check_values(
     ok = None
     if conditions:
         ok = conditions[0] if len(conditions) == 1 else torch.stack(conditions).all()
-    native = (
-        bool(finite)
-        and all(x.dtype in (torch.float32, torch.float64) for x in finite.values())
-        and use_native(*finite.values())
-    )
-    if native:
-        # numba's loop reads each tensor once, without the float64 sums' copies
-        bad = [_name(name) for name, x in finite.items() if not all_finite(x)]
-        if bad:
-            raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
-        if ok is None or bool(ok):
-            return
-    elif finite:
-        # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums read
-        # each tensor once; a failed condition makes it NaN too, so one read covers all. Only
-        # then does the per-tensor check run, to name the culprits (it also clears float64
-        # inputs whose finite values overflowed the sum).
-        sums = [x.sum(dtype=torch.float64) for x in finite.values()]
-        total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
-        if ok is not None:
-            total = torch.where(ok, total, math.nan)
-        if math.isfinite(total.item()):
-            return
-        flags = torch.stack([torch.isfinite(x).all() for x in finite.values()]).tolist()
+    if finite:
+        if native_floats(*finite.values()):
+            # numba's loop reads each tensor once, without the float64 sums' copies
+            flags = [all_finite(x) for x in finite.values()]
+        else:
+            # A NaN or an infinity anywhere makes the float64 sum non-finite, and the sums
+            # read each tensor once; a failed condition makes it NaN too, so one read covers
+            # all. Only then does the per-tensor check run, to name the culprits (it also
+            # clears float64 inputs whose finite values overflowed the sum).
+            sums = [x.sum(dtype=torch.float64) for x in finite.values()]
+            total = sums[0] if len(sums) == 1 else torch.stack(sums).sum()
+            if ok is not None:
+                total = torch.where(ok, total, math.nan)
+            if math.isfinite(total.item()):
+                return
+            flags = torch.stack([torch.isfinite(x).all() for x in finite.values()]).tolist()
         bad = [_name(name) for name, good in zip(finite, flags, strict=True) if not good]
         if bad:
             raise ValueError(f"{', '.join(bad)} must be finite, found NaN or inf")
-    elif ok is None or bool(ok):
+    if ok is None or bool(ok):
         return
     for condition, message in require:
         if not bool(condition):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rppo_td._native import gae_rows, segment_sum_rows, use_native
+from rppo_td._native import gae_rows, native_floats, segment_sum_rows, use_native
 from rppo_td._validation import (
     check_device,
     check_dtype,
@@ -111,7 +111,7 @@ def segment_sum_unchecked(
     moved_shape = x_rows.shape
     rows = x_rows.reshape(-1, steps)
     keep = carry_on.movedim(dim, -1).reshape(-1, steps)
-    if x.dtype in (torch.float32, torch.float64) and use_native(rows, keep):
+    if native_floats(rows) and use_native(keep):
         y = segment_sum_rows(rows, keep, decay)
     else:
         y = _rows_sum(rows, keep, decay)
@@ -362,8 +362,8 @@ def gae_unchecked(
     if (
         time_dim % state_value.ndim == state_value.ndim - 2
         and state_value.numel() > 0
-        and all(x.dtype in (torch.float32, torch.float64) for x in floats)
-        and use_native(*floats, terminated, done)
+        and native_floats(*floats)
+        and use_native(terminated, done)
     ):
         steps = state_value.shape[time_dim]
         shape = state_value.shape

@@ -8,7 +8,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rppo_td import GAE, EpisodeSplitter, SequenceChunker, SequencePadder, functional
-from rppo_td._native import native_kernels
 from rppo_td.testing.reference import (
     reference_fragments,
     reference_gae,
@@ -20,11 +19,8 @@ from rppo_td.testing.strategies import discounts, rollouts, sequence_lengths
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module", params=["torch", "native"])
-def kernels(request):
-    """Every property twice: the torch path, then numba's kernels at every size."""
-    with native_kernels(request.param == "native"):
-        yield request.param
+# every property on the torch path, then on numba's kernels at every size
+pytestmark = pytest.mark.usefixtures("both_kernel_paths")
 
 
 def _gae(td, gamma, lmbda):

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, functional
-from rppo_td._native import native_kernels
 from rppo_td.testing.reference import (
     reference_chunk_ids,
     reference_episode_ids,
@@ -25,12 +24,8 @@ from rppo_td.testing.strategies import (
     step_masks,
 )
 
-
-@pytest.fixture(autouse=True, scope="module", params=["torch", "native"])
-def kernels(request):
-    """Every property twice: the torch path, then numba's kernels at every size."""
-    with native_kernels(request.param == "native"):
-        yield request.param
+# every property on the torch path, then on numba's kernels at every size
+pytestmark = pytest.mark.usefixtures("both_kernel_paths")
 
 
 def _chunk(td, sequence_length):

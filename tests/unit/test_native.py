@@ -88,3 +88,11 @@ def test_gradients_and_half_precision_take_the_torch_path():
     )
     assert advantage.dtype == target.dtype == torch.float16
     assert advantage[:, 0].eq(2 - 0.5 ** (LARGE // 8 - 1)).all()
+
+
+def test_code_traced_by_torch_compile_takes_the_torch_path():
+    x = torch.zeros(LARGE)
+    assert use_native(x)
+    # inside the traced graph the kernels are off (their .numpy() calls would break it)
+    traced = torch.compile(lambda x: x + int(use_native(x)), backend="eager", fullgraph=True)
+    assert traced(x).eq(0).all()
