@@ -439,6 +439,41 @@ class RecurrentActorCritic(nn.Module):
         obs = obs if normalized else self.normalize(obs)
         return trunk.final_states(obs, state, lengths)
 
+    def policy_and_value(
+        self,
+        obs: TensorDictBase,
+        state: tuple[torch.Tensor, ...],
+        restart: torch.Tensor | None = None,
+        *,
+        batch_shape: tuple[int, ...] | None = None,
+        normalized: bool = False,
+    ) -> tuple[Any, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """``policy`` and ``value`` of a ``shared_critic`` net, its trunk run once for both.
+
+        The same distribution, values and final states as calling the two (which would run
+        the shared encoder and core twice over the same inputs); gradients reach the trunk
+        from both heads through one graph.
+
+        Args and states as in ``policy`` (the one state of the shared trunk).
+
+        Returns:
+            ``(distribution of batch batch_shape, V [N, L, 1], final states [N, layers, H])``.
+
+        Raises:
+            ValueError: the net has a critic trunk of its own (``shared_critic=False``).
+        """
+        if self.critic_trunk is not None:
+            raise ValueError(
+                "policy_and_value needs shared_critic=True: this net's critic has a trunk of "
+                "its own; call policy and value"
+            )
+        obs = obs if normalized else self.normalize(obs)
+        features, final = self.actor_trunk(obs, state, restart)
+        value = self.value_head(features)
+        if batch_shape is not None:
+            features = features.reshape(*batch_shape, features.shape[-1])
+        return self.action_head(self.policy_mlp(features)), value, final
+
     def value(
         self,
         obs: TensorDictBase,

@@ -73,18 +73,45 @@ class _ImageEncoder(nn.Module):
 
 
 class _OneHot(nn.Module):
-    """int64 ``[*B]`` (Discrete) or ``[*B, K]`` (MultiDiscrete) -> one-hot ``[*B, sum(n)]``."""
+    """int64 ``[*B]`` (Discrete) or ``[*B, K]`` (MultiDiscrete) -> one-hot ``[*B, sum(n)]``.
+
+    A MultiDiscrete observation is encoded in one scatter: entry ``i`` sets column
+    ``offsets[i] + x[..., i]``, where ``offsets`` are the running sums of ``nvec``. That is
+    ``torch.cat([one_hot(x[..., i], n_i) ...])`` exactly, without its ``K`` calls, each of
+    which checks its input's range by two reductions (MiniGrid's 28 entries took 0.6 ms a
+    call on the project's VM). The range is checked once for all entries instead: an entry
+    outside ``[0, n_i)`` would set a column of its neighbour.
+    """
+
+    sizes: torch.Tensor
+    offsets: torch.Tensor
 
     def __init__(self, nvec: list[int], *, multi: bool) -> None:
         super().__init__()
         self.nvec = nvec
         self.multi = multi
+        self.width = sum(nvec)
+        # buffers, not parameters: they follow .to(device) and are not trained (or saved)
+        self.register_buffer("sizes", torch.tensor(nvec, dtype=torch.int64), persistent=False)
+        starts = [0]
+        for n in nvec[:-1]:
+            starts.append(starts[-1] + n)
+        self.register_buffer("offsets", torch.tensor(starts, dtype=torch.int64), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.multi:
             return nn.functional.one_hot(x.long(), self.nvec[0]).float()
-        parts = [nn.functional.one_hot(x[..., i].long(), n) for i, n in enumerate(self.nvec)]
-        return torch.cat(parts, dim=-1).float()
+        x = x.long()
+        bad = (x < 0) | (x >= self.sizes)
+        if bool(bad.any()):
+            entry = int(bad.reshape(-1, len(self.nvec)).any(0).nonzero()[0])
+            value = int(x[..., entry][bad[..., entry]][0])
+            raise ValueError(
+                f"MultiDiscrete observation entry {entry} must be in [0, {self.nvec[entry]}), "
+                f"got {value}"
+            )
+        out = torch.zeros(*x.shape[:-1], self.width, device=x.device)
+        return out.scatter_(-1, x + self.offsets, 1.0)
 
 
 class _Flatten(nn.Module):

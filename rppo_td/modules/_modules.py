@@ -309,6 +309,36 @@ class RecurrentActor(_ActingModule):
         """
         return self._dist(tensordict)[0]
 
+    def shares_trunk_with(self, critic: object) -> bool:
+        """Whether ``critic`` is a ``RecurrentCritic`` of this actor's ``shared_critic`` net.
+
+        Then both read the same inputs through the same encoder and core, and
+        ``get_dist_and_value`` gives both outputs for one pass (what ``RecurrentPPOLoss``
+        uses instead of running the trunk once for each).
+        """
+        return (
+            isinstance(critic, RecurrentCritic)
+            and critic.net is self.net
+            and self.net.shared_critic
+            and critic.is_init_key == self.is_init_key
+        )
+
+    def get_dist_and_value(self, tensordict: TensorDictBase) -> tuple[Any, torch.Tensor]:
+        """``get_dist(td)`` and the shared critic's ``state_value``, the trunk run once.
+
+        The same distribution and values as ``get_dist`` and ``RecurrentCritic(net)`` give
+        (``shared_critic`` nets only, see ``shares_trunk_with``).
+
+        Returns:
+            ``(distribution, state_value)``: batch ``[*B]`` and ``[*B, 1]`` (step mode) or
+            ``[*B, L]`` and ``[*B, L, 1]`` (recurrent mode).
+        """
+        inputs = _Inputs(self, tensordict)
+        dist, value, _ = self.net.policy_and_value(
+            inputs.obs, inputs.state, inputs.restart, batch_shape=inputs.batch
+        )
+        return dist, value.reshape(*inputs.batch, 1)
+
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         """Writes the out keys into ``tensordict`` and returns it."""
         dist, inputs, final = self._dist(tensordict)
@@ -396,16 +426,22 @@ class RecurrentPolicy(_ActingModule):
         inputs = _Inputs(self, tensordict)
         state = dict(zip(self.state_keys, inputs.state, strict=True))
         obs = net.normalize(inputs.obs)
-        dist, actor_final = net.policy(
-            obs,
-            tuple(state[key] for key in net.actor_state_keys),
-            inputs.restart,
-            batch_shape=inputs.batch,
-            normalized=True,
-        )
-        value, critic_final = net.value(
-            obs, tuple(state[key] for key in net.critic_state_keys), inputs.restart, normalized=True
-        )
+        actor_state = tuple(state[key] for key in net.actor_state_keys)
+        if net.shared_critic:  # one trunk: run it once for both heads
+            dist, value, actor_final = net.policy_and_value(
+                obs, actor_state, inputs.restart, batch_shape=inputs.batch, normalized=True
+            )
+            critic_final = actor_final
+        else:
+            dist, actor_final = net.policy(
+                obs, actor_state, inputs.restart, batch_shape=inputs.batch, normalized=True
+            )
+            value, critic_final = net.value(
+                obs,
+                tuple(state[key] for key in net.critic_state_keys),
+                inputs.restart,
+                normalized=True,
+            )
         self._act(tensordict, dist)
         tensordict.set("state_value", value.reshape(*inputs.batch, 1))
         final = dict(zip(net.actor_state_keys, actor_final, strict=True))

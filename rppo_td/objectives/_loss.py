@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
-from tensordict.nn import dispatch
+from tensordict.nn import CompositeDistribution, dispatch
 from torchrl.modules import GRUModule, LSTMModule, set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
@@ -201,6 +201,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self.process_group = process_group
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
         self._recurrent: tuple[tuple[str, Any], ...] | None = None
+        # whether actor and critic share one trunk (see _shares_trunk), found at the first call
+        self._trunk_shared: bool | None = None
+        # (input, distribution) of the shared trunk's pass, for _get_cur_log_prob
+        self._shared_dist: tuple[TensorDictBase, Any] | None = None
 
     # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
     @property
@@ -318,9 +322,18 @@ class RecurrentPPOLoss(ClipPPOLoss):
         elif self.normalize_advantage:
             advantage = masked_normalize(advantage, mask, eps=self.normalize_advantage_eps)
 
-        log_weight, dist, kl_approx, log_is_weight = self._log_weight(
-            tensordict, adv_shape=advantage.shape[:-1]
-        )
+        value = None
+        if self._shares_trunk():
+            # one pass of the shared encoder and core for both heads (not one per network)
+            dist, value = self._dist_and_value(tensordict)
+            if not isinstance(dist, CompositeDistribution):
+                self._shared_dist = (tensordict, dist)
+        try:
+            log_weight, dist, kl_approx, log_is_weight = self._log_weight(
+                tensordict, adv_shape=advantage.shape[:-1]
+            )
+        finally:
+            self._shared_dist = None
         if isinstance(log_weight, torch.Tensor) and log_weight.shape != advantage.shape:
             # e.g. a stored [B, Lp, 1] log-prob: it would broadcast against the advantage
             raise ValueError(
@@ -357,7 +370,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             losses["loss_entropy"] = self._weighted_loss_entropy(weighted)
         critic: _CriticParts | None = None
         if self._has_critic:
-            losses["loss_critic"], critic = self._critic_loss(tensordict)
+            losses["loss_critic"], critic = self._critic_loss(tensordict, value)
         with torch.no_grad():
             if group is None:
                 stats = {name: _mean(x, mask, count) for name, x in sums.items()}
@@ -437,8 +450,14 @@ class RecurrentPPOLoss(ClipPPOLoss):
         stats = parts.stats(self.log_explained_variance)
         return loss, stats.get("value_clip_fraction"), stats.get("explained_variance")
 
-    def _critic_loss(self, tensordict: TensorDictBase) -> tuple[torch.Tensor, _CriticParts]:
-        """``loss_critic``'s loss ``[B, Lp, 1]`` and what its diagnostics are computed from."""
+    def _critic_loss(
+        self, tensordict: TensorDictBase, value: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, _CriticParts]:
+        """``loss_critic``'s loss ``[B, Lp, 1]`` and what its diagnostics are computed from.
+
+        ``value``: the critic's values ``[B, Lp, 1]`` if already computed (the shared
+        trunk's pass), else the critic is run here.
+        """
         if self.separate_losses:
             tensordict = tensordict.detach()
         keys = self.tensor_keys
@@ -448,11 +467,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self.clip_value is not None:
             hint = "(clip_value needs the values the data was collected with)"
             old_value = _where(mask, get_key(tensordict, keys.value, hint=hint), 0.0).detach()
-        # the critic writes its outputs: give it a copy of what it reads
-        in_keys = getattr(self.critic_network, "in_keys", None)
-        inputs = tensordict.select(*in_keys, strict=False) if in_keys else tensordict.copy()
-        with self._critic_parameters():
-            value = get_key(self.critic_network(inputs), keys.value)
+        if value is None:
+            # the critic writes its outputs: give it a copy of what it reads
+            in_keys = getattr(self.critic_network, "in_keys", None)
+            inputs = tensordict.select(*in_keys, strict=False) if in_keys else tensordict.copy()
+            with self._critic_parameters():
+                value = get_key(self.critic_network(inputs), keys.value)
         target, value, old_value = self._critic_loss_inputs(target, value, old_value)
         loss = distance_loss(target, value, loss_function=self.loss_critic_type)
         was_clipped = None
@@ -468,6 +488,71 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self._has_critic:
             loss = self.critic_coeff * loss
         return loss, _CriticParts(mask, target.detach(), value.detach(), was_clipped)
+
+    def _shares_trunk(self) -> bool:
+        """Whether the actor's and critic's outputs come from one pass of a shared trunk.
+
+        True where the actor says it shares its trunk with the critic
+        (``RecurrentActor.shares_trunk_with``; any actor with that method and
+        ``get_dist_and_value``), the critic writes the value key, both run with the same
+        parameters (the critic's are the actor's: not ``separate_losses``, whose critic
+        must not move the shared ones) and there is a critic loss. The two passes it
+        replaces computed the same values; the gradients are the same sums, added up in
+        one backward pass through the trunk instead of two.
+        """
+        if not self._has_critic or self.separate_losses:
+            return False
+        critic = self.critic_network
+        if self.tensor_keys.value not in getattr(critic, "out_keys", ()):
+            return False
+        if self._trunk_shared is None:
+            actor = self.actor_network
+            shares = getattr(actor, "shares_trunk_with", None)
+            self._trunk_shared = (
+                callable(shares)
+                and callable(getattr(actor, "get_dist_and_value", None))
+                and bool(shares(critic))
+                and self._same_parameters()
+            )
+        return self._trunk_shared
+
+    def _same_parameters(self) -> bool:
+        """Whether the critic runs with the actor's own tensors (functional losses swap them in)."""
+        if not self.functional:
+            return True
+        actor = self.actor_network_params.flatten_keys()
+        critic = self.critic_network_params.flatten_keys()
+        for key, value in critic.items():
+            mine = actor.get(key, None)
+            if (
+                mine is None
+                or mine.data_ptr() != value.data_ptr()
+                or mine.requires_grad != value.requires_grad
+            ):
+                return False
+        return True
+
+    def _dist_and_value(self, tensordict: TensorDictBase) -> tuple[Any, torch.Tensor]:
+        """The actor's distribution and the critic's values from the shared trunk's one pass."""
+        with (
+            self.actor_network_params.to_module(self.actor_network, preserve_module_state=False)
+            if self.functional
+            else contextlib.nullcontext()
+        ):
+            return self.actor_network.get_dist_and_value(tensordict)  # type: ignore[no-any-return]
+
+    def _get_cur_log_prob(
+        self, tensordict: TensorDictBase, params: Any = None
+    ) -> tuple[Any, Any, bool]:
+        """TorchRL's, reading the shared trunk's distribution where this pass computed one."""
+        shared = self._shared_dist
+        if params is not None or shared is None or shared[0] is not tensordict:
+            return super()._get_cur_log_prob(tensordict, params)
+        dist = shared[1]
+        action = get_key(tensordict, self.tensor_keys.action)
+        if action.requires_grad:
+            raise RuntimeError(f"tensordict stored {self.tensor_keys.action} requires grad.")
+        return dist.log_prob(action), dist, False
 
     def _critic_parameters(self) -> contextlib.AbstractContextManager[object]:
         if not self.functional:

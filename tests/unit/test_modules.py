@@ -540,3 +540,57 @@ def test_distributions_take_a_sample_shape_for_torchrls_entropy_fallback():
         draws = dist.sample(torch.Size([5]))
         assert draws.shape == (5, 3, *event)
         assert dist.log_prob(draws).shape == (5, 3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nvec=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    batch=st.lists(st.integers(0, 3), min_size=0, max_size=2),
+    seed=st.integers(0, 2**16),
+)
+def test_multi_discrete_one_hot_is_each_entrys_one_hot_side_by_side(nvec, batch, seed):
+    from rppo_td.modules._encoders import _OneHot
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.stack([torch.randint(0, n, tuple(batch), generator=g) for n in nvec], -1)
+    expected = torch.cat(
+        [torch.nn.functional.one_hot(x[..., i], n) for i, n in enumerate(nvec)], -1
+    ).float()
+    out = _OneHot(nvec, multi=True)(x)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, expected)
+
+
+def test_multi_discrete_one_hot_refuses_an_entry_out_of_its_range():
+    from rppo_td.modules._encoders import _OneHot
+
+    encode = _OneHot([3, 4, 2], multi=True)
+    with pytest.raises(ValueError, match=r"entry 1 must be in \[0, 4\), got 4"):
+        encode(torch.tensor([[0, 1, 1], [2, 4, 0]]))
+    with pytest.raises(ValueError, match=r"entry 2 must be in \[0, 2\), got -1"):
+        encode(torch.tensor([[0, 1, -1]]))
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+@pytest.mark.parametrize("recurrence", ["lstm", "gru", "none"])
+def test_dist_and_value_of_a_shared_trunk_equal_the_two_modules(recurrence, recurrent):
+    space = SPACES["multi_discrete"]
+    net = RecurrentActorCritic(
+        space, ACTIONS["box"], recurrence=recurrence, hidden_size=8, shared_critic=True
+    )
+    actor, critic = RecurrentActor(net), RecurrentCritic(net)
+    assert actor.shares_trunk_with(critic)
+    td = _batch(space, (2, 3))
+    td.set("is_init", torch.tensor([[True, False, False], [False, True, False]]).unsqueeze(-1))
+    for key in net.state_keys:
+        td.set(key, torch.randn(2, 3, *net.state_shape))
+    with set_recurrent_mode(recurrent):
+        dist, value = actor.get_dist_and_value(td)
+        expected = actor.get_dist(td)
+        expected_value = critic(td.clone())["state_value"]
+    torch.testing.assert_close(dist.mode, expected.mode, rtol=0, atol=0)
+    torch.testing.assert_close(value, expected_value, rtol=0, atol=0)
+    alone = RecurrentActorCritic(space, ACTIONS["box"], recurrence=recurrence, hidden_size=8)
+    assert not RecurrentActor(alone).shares_trunk_with(RecurrentCritic(alone))
+    with pytest.raises(ValueError, match="shared_critic=True"):
+        RecurrentActor(alone).get_dist_and_value(td)

@@ -400,3 +400,115 @@ def test_unknown_options_are_refused_not_swallowed():
     with pytest.raises(TypeError, match="entropy_coeff"):  # TorchRL's own message
         RecurrentPPOLoss(actor, critic, entropy_coef=0.1)
     RecurrentPPOLoss(actor, critic, entropy_bonus=False, separate_losses=True, functional=False)
+
+
+def _shared_net_batch(recurrence: str, seed: int):
+    """A ``shared_critic`` net on MultiDiscrete observations, and a padded batch for it."""
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActorCritic
+
+    torch.manual_seed(seed)
+    nvec = [3, 4, 2]
+    net = RecurrentActorCritic(
+        gym.spaces.MultiDiscrete(nvec),
+        gym.spaces.Discrete(3),
+        recurrence=recurrence,
+        hidden_size=8,
+        shared_critic=True,
+        encoder_skip=recurrence != "none",
+    )
+    b, length = 5, 6
+    g = torch.Generator().manual_seed(seed)
+    batch = TensorDict(
+        {
+            "observation": torch.stack(
+                [torch.randint(0, n, (b, length), generator=g) for n in nvec], -1
+            ),
+            "is_init": torch.zeros(b, length, 1, dtype=torch.bool),
+            "action": torch.randint(0, 3, (b, length), generator=g),
+            "action_log_prob": -torch.rand(b, length, generator=g) - 0.5,
+            "advantage": torch.randn(b, length, 1, generator=g),
+            "value_target": torch.randn(b, length, 1, generator=g),
+            "state_value": torch.randn(b, length, 1, generator=g),
+            "loss_mask": torch.arange(length).expand(b, length)
+            < torch.tensor([6, 3, 1, 6, 5]).unsqueeze(1),
+        },
+        [b, length],
+    )
+    for key in net.state_keys:
+        batch[key] = torch.randn(b, length, *net.state_shape, generator=g)
+    return net, batch
+
+
+@pytest.mark.parametrize("functional", [True, False])
+@pytest.mark.parametrize("recurrence", ["lstm", "gru", "none"])
+def test_a_shared_trunk_runs_once_for_both_heads_with_the_same_terms_and_gradients(
+    recurrence, functional
+):
+    import copy
+
+    from tensordict.nn import TensorDictSequential
+
+    from rppo_td.modules import RecurrentActor, RecurrentCritic
+
+    net, batch = _shared_net_batch(recurrence, seed=3)
+    results = []
+    # the critic hidden in a TensorDictSequential: the loss cannot tell that it shares the
+    # actor's trunk, so it runs the trunk once per network (TorchRL's way): the reference
+    for wrap in (False, True):
+        twin = copy.deepcopy(net)
+        critic = RecurrentCritic(twin)
+        loss = RecurrentPPOLoss(
+            RecurrentActor(twin),
+            TensorDictSequential(critic) if wrap else critic,
+            clip_epsilon=CLIP,
+            entropy_coeff=ENTROPY,
+            critic_coeff=CRITIC,
+            loss_critic_type="l2",
+            normalize_advantage=True,
+            clip_value=CLIP_VALUE,
+            functional=functional,
+        )
+        calls: list[int] = []
+        twin.actor_trunk.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        out = loss(batch.clone())
+        assert len(calls) == (2 if wrap else 1)
+        total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+        total.backward()
+        grads = {name: p.grad for name, p in twin.named_parameters()}
+        results.append((out, grads))
+    (out, grads), (expected, expected_grads) = results
+    assert set(out.keys()) == set(expected.keys())
+    for key, value in expected.items():
+        torch.testing.assert_close(out[key], value, msg=key)
+    for name, grad in expected_grads.items():
+        assert grad is not None and grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_a_shared_trunk_runs_once_per_network_where_it_must():
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+
+    net, batch = _shared_net_batch("lstm", seed=4)
+    calls = []
+    net.actor_trunk.register_forward_hook(lambda *_: calls.append(1))
+    # separate_losses: the critic's loss must not move the shared trunk, so it runs apart
+    # with its detached copy of the parameters
+    loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net), separate_losses=True)
+    loss(batch.clone())
+    assert len(calls) == 2
+    # the value read under another key than the critic writes: TorchRL's error, as before
+    calls.clear()
+    loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net))
+    loss.set_keys(value="other_value")
+    with pytest.raises(KeyError, match="other_value"):
+        loss(batch.clone())
+    # a critic of its own
+    own = RecurrentActorCritic(
+        gym.spaces.MultiDiscrete([3, 4, 2]), gym.spaces.Discrete(3), hidden_size=8
+    )
+    assert not RecurrentActor(own).shares_trunk_with(RecurrentCritic(own))
+    assert not RecurrentActor(net).shares_trunk_with(RecurrentCritic(own))
