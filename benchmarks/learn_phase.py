@@ -2,22 +2,22 @@
 
 Times ``Trainer.ppo(rollout)`` (GAE, padding, every epoch's minibatches: loss, backward,
 clipping, Adam step) on the first rollout of a preset's run, and one collection step of its
-``RecurrentPolicy``, with each of the trainer's learning-phase changes of 2026-12-06 on and
-off, in one process:
+``RecurrentPolicy``, with each of the learning-phase changes of 2026-12-06 on and off, in one
+process:
 
 - ``shared trunk``: with ``shared_critic``, ``RecurrentPPOLoss`` runs the shared encoder and
   core once per minibatch for both heads (``RecurrentActor.get_dist_and_value``); off, once
   per network, as TorchRL's ``ClipPPOLoss`` does;
-- ``fused Adam``: ``torch.optim.Adam(fused=True)``; off, ``foreach=True`` (the trainer's
-  optimiser before);
 - ``one scatter``: a MultiDiscrete observation one-hot encoded in one scatter; off, one
   ``one_hot`` call per entry, concatenated (MiniGrid's symbolic view has 28 entries).
 
-``before`` has all three off, ``after`` all on; the single changes are timed too. Every
+``before`` has both off, ``after`` both on (the trainer now). ``after + fused Adam`` adds
+``torch.optim.Adam(fused=True)`` in place of the trainer's ``foreach=True``: tried, and not
+adopted (its gain is small, and its last-bit differences redraw every seed's run). Every
 candidate starts from the same parameters and optimiser state (restored before each call),
 so each runs the same arithmetic on the same data; the candidates are interleaved and each
 figure is a median. The ratios ``before / candidate`` are printed and written to
-``benchmarks/results/learn_phase-<stamp>.json``.
+``benchmarks/results/learn_phase.json`` (or ``--output``).
 
     python benchmarks/learn_phase.py                       # MiniGrid-MemoryS9, masked CartPole
     python benchmarks/learn_phase.py --presets poc-memory --repeats 5
@@ -40,7 +40,7 @@ from rppo_td.modules import _encoders
 from rppo_td.train import TrainConfig, Trainer
 from rppo_td.train._cli import load_yaml
 
-CHANGES = ("shared trunk", "fused Adam", "one scatter")
+CHANGES = ("shared trunk", "one scatter")
 
 
 def per_entry_one_hot(self: _encoders._OneHot, x: torch.Tensor) -> torch.Tensor:
@@ -54,17 +54,28 @@ def per_entry_one_hot(self: _encoders._OneHot, x: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def changes(trainer: Trainer, on: set[str], optimizers: dict[bool, torch.optim.Optimizer]):
     """The trainer with the changes in ``on`` and the others off."""
-    ppo = trainer.ppo
+    ppo, net = trainer.ppo, trainer.agent
     saved = (ppo.loss._trunk_shared, ppo.optimizer, _encoders._OneHot.forward)
     # None: found at the next call (on); False: the loss runs the trunk once per network
     ppo.loss._trunk_shared = None if "shared trunk" in on else False
     ppo.optimizer = optimizers["fused Adam" in on]
+    if "shared trunk" not in on:
+        # the collection's RecurrentPolicy as before: the policy's pass, then the value's
+        def two_passes(obs, state, restart=None, *, batch_shape=None, normalized=False):
+            dist, final = net.policy(
+                obs, state, restart, batch_shape=batch_shape, normalized=normalized
+            )
+            value, _ = net.value(obs, state, restart, normalized=normalized)
+            return dist, value, final
+
+        net.policy_and_value = two_passes
     if "one scatter" not in on:
         _encoders._OneHot.forward = per_entry_one_hot  # type: ignore[method-assign]
     try:
         yield
     finally:
         ppo.loss._trunk_shared, ppo.optimizer, _encoders._OneHot.forward = saved
+        net.__dict__.pop("policy_and_value", None)
 
 
 def bench_preset(preset: str, *, repeats: int) -> dict[str, object]:
@@ -126,6 +137,7 @@ def _bench(trainer: Trainer, preset: str, repeats: int) -> dict[str, object]:
         "before": set(),
         **{f"{name} only": {name} for name in CHANGES},
         "after": set(CHANGES),
+        "after + fused Adam": {*CHANGES, "fused Adam"},
     }
     # the losses and statistics of both ends agree: the same computation, summed otherwise
     stats = {}
@@ -136,7 +148,6 @@ def _bench(trainer: Trainer, preset: str, repeats: int) -> dict[str, object]:
     learn_times = time_interleaved(
         {name: learn(on) for name, on in candidates.items()}, repeats=repeats, warmup=1
     )
-    # the collection step: only the encoder and the fused policy's one trunk pass differ
     collect_times = time_interleaved(
         {name: collect(on) for name, on in (("before", set()), ("after", set(CHANGES)))},
         repeats=max(repeats * 20, 20),

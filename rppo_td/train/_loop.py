@@ -50,7 +50,7 @@ from rppo_td.train._outputs import (
     write_json_atomic,
 )
 from rppo_td.train._ppo import PPOSettings, PPOUpdate
-from rppo_td.train._setup import build_agent, make_optimizer, seed_everything
+from rppo_td.train._setup import build_agent, seed_everything
 from rppo_td.train._vector_collector import VectorCollector
 from rppo_td.transforms import EpisodicNoveltyBonus
 
@@ -200,7 +200,9 @@ class Trainer:
             )
         self.actor = RecurrentActor(self.agent)
         self.critic = RecurrentCritic(self.agent)
-        self.optimizer = make_optimizer(self.agent, config.learning_rate)
+        self.optimizer = torch.optim.Adam(
+            self.agent.parameters(), lr=config.learning_rate, eps=1e-5, foreach=True
+        )
         self.collector = self._make_collector()
         self._batches = iter(self.collector)
         # exact resumes need the env copies: find an env that cannot be pickled now, not at
