@@ -78,8 +78,10 @@ def changes(trainer: Trainer, on: set[str], optimizers: dict[bool, torch.optim.O
         net.__dict__.pop("policy_and_value", None)
 
 
-def bench_preset(preset: str, *, repeats: int) -> dict[str, object]:
-    values = load_yaml(preset, preset=True)
+def bench_preset(
+    preset: str, *, repeats: int, overrides: dict[str, object] | None = None
+) -> dict[str, object]:
+    values = {**load_yaml(preset, preset=True), **(overrides or {})}
     with tempfile.TemporaryDirectory() as tmp:
         config = TrainConfig.from_dict(
             {**values, "output": f"{tmp}/run", "progress": False, "eval_episodes": 0, "threads": 1}
@@ -199,14 +201,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["minigrid-memory-s9", "cartpole-novel"])
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per candidate")
-    parser.add_argument("--quick", action="store_true", help="poc-memory, two repeats (CI)")
+    parser.add_argument(
+        "--quick", action="store_true", help="poc-memory with a shared critic, two repeats (CI)"
+    )
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    presets, repeats = args.presets, args.repeats
+    presets, repeats, overrides = args.presets, args.repeats, None
     if args.quick:
-        presets, repeats = ["poc-memory"], 2
-    results = [bench_preset(p, repeats=repeats) for p in presets]
+        presets, repeats, overrides = ["poc-memory"], 2, {"shared_critic": True}
+    results = [bench_preset(p, repeats=repeats, overrides=overrides) for p in presets]
     report(results)
     name = args.output or ("learn_phase_quick" if args.quick else "learn_phase")
     print("written", write_json(name, {"results": results}))

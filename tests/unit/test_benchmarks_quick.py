@@ -69,6 +69,18 @@ def test_native_kernels_quick() -> None:
 
 
 @pytest.mark.slow
+def test_learn_phase_quick() -> None:
+    data = run_quick("learn_phase.py", "test_learn_phase_quick")
+    (result,) = data["results"]
+    assert result["shared_critic"]
+    assert {"before", "shared trunk only", "after", "after + fused Adam"} <= result["learn"].keys()
+    assert all(times["median"] > 0 for times in result["learn"].values())
+    assert result["collect_ratio"] > 0
+    # one pass of the shared trunk computes what two did
+    assert result["loss_total_after"] == pytest.approx(result["loss_total_before"], abs=1e-5)
+
+
+@pytest.mark.slow
 def test_gae_quick() -> None:
     data = run_quick("gae.py", "test_gae_quick")
     for result in data["results"]:
