@@ -178,9 +178,9 @@ def load_agent(
         saved = config.image_layout
         if saved != "auto" and saved != image_layout:
             raise ValueError(
-                f"--image-layout {image_layout} contradicts the checkpoint: its model "
-                f"was trained with image_layout {saved} (drop --image-layout; it is for "
-                "checkpoints saved with image_layout auto)"
+                f"image_layout={image_layout!r} (rppo-eval's --image-layout) contradicts "
+                f"the checkpoint: its model was trained with image_layout {saved!r} (leave "
+                "it out; it is for checkpoints saved with image_layout 'auto')"
             )
         config = config.replace(image_layout=image_layout)
     torch.set_num_threads(max(1, config.threads))

@@ -511,8 +511,12 @@ def test_rppo_eval_refuses_an_image_layout_the_checkpoint_contradicts(tmp_path, 
         eval_main([*args, "--image-layout", "channels_first"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert "--image-layout channels_first contradicts" in err and "channels_last" in err
+    assert "image_layout='channels_first' (rppo-eval's --image-layout) contradicts" in err
+    assert "'channels_last'" in err
     assert eval_main([*args, "--image-layout", "channels_last"]) == 0  # the same: accepted
+    # from Python, the same refusal names the argument
+    with pytest.raises(ValueError, match=r"image_layout='channels_first' .*'channels_last'"):
+        load_agent(config.output, image_layout="channels_first")
 
 
 def test_rppo_eval_stochastic_is_seeded(tmp_path, capsys):
