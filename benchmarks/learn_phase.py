@@ -21,6 +21,7 @@ figure is a median. The ratios ``before / candidate`` are printed and written to
 
     python benchmarks/learn_phase.py                       # MiniGrid-MemoryS9, masked CartPole
     python benchmarks/learn_phase.py --presets poc-memory --repeats 5
+    python benchmarks/learn_phase.py --presets minigrid-memory-s9 --from-run runs/s9-seed0
     python benchmarks/learn_phase.py --quick
 """
 
@@ -37,7 +38,7 @@ from _common import format_seconds, print_table, time_interleaved, write_json
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rppo_td.modules import _encoders
-from rppo_td.train import TrainConfig, Trainer
+from rppo_td.train import TrainConfig, Trainer, load_agent
 from rppo_td.train._cli import load_yaml
 
 CHANGES = ("shared trunk", "one scatter")
@@ -79,7 +80,11 @@ def changes(trainer: Trainer, on: set[str], optimizers: dict[bool, torch.optim.O
 
 
 def bench_preset(
-    preset: str, *, repeats: int, overrides: dict[str, object] | None = None
+    preset: str,
+    *,
+    repeats: int,
+    overrides: dict[str, object] | None = None,
+    from_run: str | None = None,
 ) -> dict[str, object]:
     values = {**load_yaml(preset, preset=True), **(overrides or {})}
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,7 +93,13 @@ def bench_preset(
         )
         trainer = Trainer(config)
         try:
-            return _bench(trainer, preset, repeats)
+            if from_run is not None:
+                # the rollout from a trained agent: late training's episodes, not the first ones
+                trained, _, _ = load_agent(from_run)
+                trainer.agent.load_state_dict(trained.state_dict())
+            result = _bench(trainer, preset, repeats)
+            result["from_run"] = from_run
+            return result
         finally:
             trainer.release()
 
@@ -202,6 +213,11 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["minigrid-memory-s9", "cartpole-novel"])
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per candidate")
     parser.add_argument(
+        "--from-run",
+        default=None,
+        help="a run directory of the one preset given: its trained agent collects the rollout",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="poc-memory with a shared critic, two repeats (CI)"
     )
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
@@ -210,7 +226,12 @@ def main() -> None:
     presets, repeats, overrides = args.presets, args.repeats, None
     if args.quick:
         presets, repeats, overrides = ["poc-memory"], 2, {"shared_critic": True}
-    results = [bench_preset(p, repeats=repeats, overrides=overrides) for p in presets]
+    if args.from_run is not None and len(presets) != 1:
+        parser.error(f"--from-run needs exactly one preset (its run's), got {presets}")
+    results = [
+        bench_preset(p, repeats=repeats, overrides=overrides, from_run=args.from_run)
+        for p in presets
+    ]
     report(results)
     name = args.output or ("learn_phase_quick" if args.quick else "learn_phase")
     print("written", write_json(name, {"results": results}))
