@@ -78,9 +78,11 @@ class _OneHot(nn.Module):
     A MultiDiscrete observation is encoded in one scatter: entry ``i`` sets column
     ``offsets[i] + x[..., i]``, where ``offsets`` are the running sums of ``nvec``. That is
     ``torch.cat([one_hot(x[..., i], n_i) ...])`` exactly, without its ``K`` calls, each of
-    which checks its input's range by two reductions (MiniGrid's 28 entries took 0.6 ms a
-    call on the project's VM). The range is checked once for all entries instead: an entry
-    outside ``[0, n_i)`` would set a column of its neighbour.
+    which checks its input's range on a CPU by two reductions (MiniGrid's 28 entries took
+    0.6 ms a call on the project's VM). The range is checked once for all entries instead,
+    since an entry outside ``[0, n_i)`` would set a column of its neighbour: on a CPU with a
+    ``ValueError`` naming the entry, elsewhere with an assertion on the device (no wait for
+    it). A leaf whose last dimension is not ``K`` is refused.
     """
 
     sizes: torch.Tensor
@@ -91,7 +93,8 @@ class _OneHot(nn.Module):
         self.nvec = nvec
         self.multi = multi
         self.width = sum(nvec)
-        # buffers, not parameters: they follow .to(device) and are not trained (or saved)
+        # buffers, not parameters: they follow .to(device), are not trained, and are not in
+        # the net's state_dict (a TorchRL loss's functional copies of the buffers hold them)
         self.register_buffer("sizes", torch.tensor(nvec, dtype=torch.int64), persistent=False)
         starts = [0]
         for n in nvec[:-1]:
@@ -101,16 +104,23 @@ class _OneHot(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.multi:
             return nn.functional.one_hot(x.long(), self.nvec[0]).float()
+        if x.ndim == 0 or x.shape[-1] != len(self.nvec):
+            raise ValueError(
+                f"a MultiDiscrete observation of {len(self.nvec)} entries must have them in its "
+                f"last dimension, got shape {list(x.shape)}"
+            )
         x = x.long()
         bad = (x < 0) | (x >= self.sizes)
-        if bool(bad.any()):
+        if x.device.type != "cpu":
+            torch._assert_async(~bad.any(), "MultiDiscrete observation entry out of its range")
+        elif bool(bad.any()):
             entry = int(bad.reshape(-1, len(self.nvec)).any(0).nonzero()[0])
             value = int(x[..., entry][bad[..., entry]][0])
             raise ValueError(
                 f"MultiDiscrete observation entry {entry} must be in [0, {self.nvec[entry]}), "
                 f"got {value}"
             )
-        out = torch.zeros(*x.shape[:-1], self.width, device=x.device)
+        out = torch.zeros(*x.shape[:-1], self.width, dtype=torch.float32, device=x.device)
         return out.scatter_(-1, x + self.offsets, 1.0)
 
 

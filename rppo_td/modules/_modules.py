@@ -314,10 +314,15 @@ class RecurrentActor(_ActingModule):
 
         Then both read the same inputs through the same encoder and core, and
         ``get_dist_and_value`` gives both outputs for one pass (what ``RecurrentPPOLoss``
-        uses instead of running the trunk once for each).
+        uses instead of running the trunk once for each). False for a subclass that changes
+        how the actor's distribution or the critic's value is made (its own ``get_dist``,
+        ``_dist`` or ``forward``): the one pass would skip its change.
         """
         return (
             isinstance(critic, RecurrentCritic)
+            and type(critic).forward is RecurrentCritic.forward
+            and type(self).get_dist is RecurrentActor.get_dist
+            and type(self)._dist is RecurrentActor._dist
             and critic.net is self.net
             and self.net.shared_critic
             and critic.is_init_key == self.is_init_key

@@ -201,8 +201,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self.process_group = process_group
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
         self._recurrent: tuple[tuple[str, Any], ...] | None = None
-        # whether actor and critic share one trunk (see _shares_trunk), found at the first call
+        # False: the trunk runs once per network whatever the networks say (what
+        # benchmarks/learn_phase.py compares with); None: as _shares_trunk finds
         self._trunk_shared: bool | None = None
+        # whether the critic runs with the actor's own tensors, for the parameter
+        # containers of _parameters_key (see _shares_trunk)
+        self._parameters_key: tuple[int, ...] | None = None
+        self._parameters_same = False
         # (input, distribution) of the shared trunk's pass, for _get_cur_log_prob
         self._shared_dist: tuple[TensorDictBase, Any] | None = None
 
@@ -496,25 +501,34 @@ class RecurrentPPOLoss(ClipPPOLoss):
         (``RecurrentActor.shares_trunk_with``; any actor with that method and
         ``get_dist_and_value``), the critic writes the value key, both run with the same
         parameters (the critic's are the actor's: not ``separate_losses``, whose critic
-        must not move the shared ones) and there is a critic loss. The two passes it
-        replaces computed the same values; the gradients are the same sums, added up in
-        one backward pass through the trunk instead of two.
+        must not move the shared ones) and there is a critic loss. Checked at every call
+        (the networks, keys and parameter containers may change between calls), the
+        parameters' identity once per pair of containers. The two passes it replaces
+        computed the same values; the gradients are the same sums, added up in one
+        backward pass through the trunk instead of two.
         """
-        if not self._has_critic or self.separate_losses:
+        if not self._has_critic or self.separate_losses or self._trunk_shared is False:
             return False
-        critic = self.critic_network
+        actor, critic = self.actor_network, self.critic_network
         if self.tensor_keys.value not in getattr(critic, "out_keys", ()):
             return False
-        if self._trunk_shared is None:
-            actor = self.actor_network
-            shares = getattr(actor, "shares_trunk_with", None)
-            self._trunk_shared = (
-                callable(shares)
-                and callable(getattr(actor, "get_dist_and_value", None))
-                and bool(shares(critic))
-                and self._same_parameters()
-            )
-        return self._trunk_shared
+        shares = getattr(actor, "shares_trunk_with", None)
+        if not (
+            callable(shares)
+            and callable(getattr(actor, "get_dist_and_value", None))
+            and bool(shares(critic))
+        ):
+            return False
+        # the containers' check walks every tensor: done again only for other containers
+        key = (
+            (id(self.actor_network_params), id(self.critic_network_params))
+            if self.functional
+            else ()
+        )
+        if self._parameters_key != key:
+            self._parameters_same = self._same_parameters()
+            self._parameters_key = key
+        return self._parameters_same
 
     def _same_parameters(self) -> bool:
         """Whether the critic runs with the actor's own tensors (functional losses swap them in)."""

@@ -561,7 +561,7 @@ def test_multi_discrete_one_hot_is_each_entrys_one_hot_side_by_side(nvec, batch,
     assert torch.equal(out, expected)
 
 
-def test_multi_discrete_one_hot_refuses_an_entry_out_of_its_range():
+def test_multi_discrete_one_hot_refuses_an_entry_out_of_its_range_or_a_wrong_width():
     from rppo_td.modules._encoders import _OneHot
 
     encode = _OneHot([3, 4, 2], multi=True)
@@ -569,6 +569,16 @@ def test_multi_discrete_one_hot_refuses_an_entry_out_of_its_range():
         encode(torch.tensor([[0, 1, 1], [2, 4, 0]]))
     with pytest.raises(ValueError, match=r"entry 2 must be in \[0, 2\), got -1"):
         encode(torch.tensor([[0, 1, -1]]))
+    # one entry would broadcast against the three ranges and offsets
+    with pytest.raises(ValueError, match=r"3 entries .* got shape \[2, 1\]"):
+        encode(torch.tensor([[1], [0]]))
+    # float32 whatever the default dtype, as the Discrete path
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert encode(torch.tensor([[0, 1, 1]])).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(default)
 
 
 @pytest.mark.parametrize("recurrent", [False, True])
@@ -589,8 +599,33 @@ def test_dist_and_value_of_a_shared_trunk_equal_the_two_modules(recurrence, recu
         expected = actor.get_dist(td)
         expected_value = critic(td.clone())["state_value"]
     torch.testing.assert_close(dist.mode, expected.mode, rtol=0, atol=0)
+    sample = expected.sample()
+    torch.testing.assert_close(dist.log_prob(sample), expected.log_prob(sample), rtol=0, atol=0)
     torch.testing.assert_close(value, expected_value, rtol=0, atol=0)
     alone = RecurrentActorCritic(space, ACTIONS["box"], recurrence=recurrence, hidden_size=8)
     assert not RecurrentActor(alone).shares_trunk_with(RecurrentCritic(alone))
     with pytest.raises(ValueError, match="shared_critic=True"):
         RecurrentActor(alone).get_dist_and_value(td)
+
+
+def test_a_subclass_that_changes_the_dist_or_the_value_does_not_share_the_trunk():
+    net = RecurrentActorCritic(BOX, ACTIONS["discrete"], hidden_size=8, shared_critic=True)
+
+    class ScaledCritic(RecurrentCritic):
+        def forward(self, tensordict):
+            out = super().forward(tensordict)
+            out.set("state_value", 100 * out.get("state_value"))
+            return out
+
+    class TemperedActor(RecurrentActor):
+        def get_dist(self, tensordict):
+            return super().get_dist(tensordict)
+
+    class PlainActor(RecurrentActor):  # changes nothing that makes the outputs
+        pass
+
+    assert RecurrentActor(net).shares_trunk_with(RecurrentCritic(net))
+    assert PlainActor(net).shares_trunk_with(RecurrentCritic(net))
+    assert not RecurrentActor(net).shares_trunk_with(ScaledCritic(net))
+    assert not TemperedActor(net).shares_trunk_with(RecurrentCritic(net))
+    assert not RecurrentActor(net).shares_trunk_with(RecurrentCritic(net, is_init_key="init"))

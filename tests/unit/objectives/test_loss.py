@@ -506,6 +506,17 @@ def test_a_shared_trunk_runs_once_per_network_where_it_must():
     loss.set_keys(value="other_value")
     with pytest.raises(KeyError, match="other_value"):
         loss(batch.clone())
+
+    # a critic subclass that changes the value: its forward must run
+    class ScaledCritic(RecurrentCritic):
+        def forward(self, tensordict):
+            out = super().forward(tensordict)
+            out.set("state_value", 100 * out.get("state_value"))
+            return out
+
+    calls.clear()
+    RecurrentPPOLoss(RecurrentActor(net), ScaledCritic(net))(batch.clone())
+    assert len(calls) == 2
     # a critic of its own
     own = RecurrentActorCritic(
         gym.spaces.MultiDiscrete([3, 4, 2]), gym.spaces.Discrete(3), hidden_size=8
