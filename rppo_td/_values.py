@@ -21,7 +21,7 @@ from torchrl.modules import GRUModule, LSTMModule
 
 from rppo_td._validation import MissingKeyError, check_dtype, get_key
 
-__all__ = ["episode_ends", "network_values"]
+__all__ = ["episode_ends", "functional_parameters", "network_values"]
 
 
 def network_values(
@@ -91,9 +91,9 @@ def network_values(
     with torch.no_grad():
         value = None
         if current:
-            with _parameters(params, network):
+            with functional_parameters(params, network):
                 value = get_key(network(root), value_key, hint="(value_network's output)")
-        with _parameters(target_params, network):
+        with functional_parameters(target_params, network):
             next_value = get_key(
                 network(following),
                 value_key,
@@ -121,7 +121,7 @@ def _sub_tensordict(td: TensorDictBase, key: NestedKey, who: str) -> TensorDictB
     return value
 
 
-def _parameters(
+def functional_parameters(
     params: TensorDictBase | None, network: object
 ) -> contextlib.AbstractContextManager[object]:
     """Runs ``network`` with ``params`` (TorchRL's functional parameters) inside the block."""

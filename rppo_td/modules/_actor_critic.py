@@ -378,9 +378,13 @@ class RecurrentActorCritic(nn.Module):
         """
         obs = obs if normalized else self.normalize(obs)
         features, final = self.actor_trunk(obs, state, restart)
+        return self._distribution(features, batch_shape), final
+
+    def _distribution(self, features: torch.Tensor, batch_shape: tuple[int, ...] | None) -> Any:
+        """The policy head over the actor trunk's ``[N, L, F]`` features, batch ``batch_shape``."""
         if batch_shape is not None:
             features = features.reshape(*batch_shape, features.shape[-1])
-        return self.action_head(self.policy_mlp(features)), final
+        return self.action_head(self.policy_mlp(features))
 
     def scan(
         self,
@@ -469,10 +473,7 @@ class RecurrentActorCritic(nn.Module):
             )
         obs = obs if normalized else self.normalize(obs)
         features, final = self.actor_trunk(obs, state, restart)
-        value = self.value_head(features)
-        if batch_shape is not None:
-            features = features.reshape(*batch_shape, features.shape[-1])
-        return self.action_head(self.policy_mlp(features)), value, final
+        return self._distribution(features, batch_shape), self.value_head(features), final
 
     def value(
         self,

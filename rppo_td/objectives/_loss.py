@@ -17,6 +17,7 @@ from torchrl.objectives.utils import ValueEstimators, distance_loss
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import MissingKeyError, get_key
+from rppo_td._values import functional_parameters
 from rppo_td.functional import masked_mean, masked_normalize
 from rppo_td.objectives._value import GAEEstimator
 
@@ -548,11 +549,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     def _dist_and_value(self, tensordict: TensorDictBase) -> tuple[Any, torch.Tensor]:
         """The actor's distribution and the critic's values from the shared trunk's one pass."""
-        with (
-            self.actor_network_params.to_module(self.actor_network, preserve_module_state=False)
-            if self.functional
-            else contextlib.nullcontext()
-        ):
+        params = self.actor_network_params if self.functional else None
+        with functional_parameters(params, self.actor_network):
             return self.actor_network.get_dist_and_value(tensordict)  # type: ignore[no-any-return]
 
     def _get_cur_log_prob(
@@ -569,11 +567,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
         return dist.log_prob(action), dist, False
 
     def _critic_parameters(self) -> contextlib.AbstractContextManager[object]:
-        if not self.functional:
-            return contextlib.nullcontext()
-        return self.critic_network_params.to_module(  # type: ignore[no-any-return]
-            self.critic_network, preserve_module_state=False
-        )
+        params = self.critic_network_params if self.functional else None
+        return functional_parameters(params, self.critic_network)
 
     def _mask(self, tensordict: TensorDictBase) -> torch.Tensor:
         """``loss_mask`` ``[*B]`` bool, or all True where the input has none."""
