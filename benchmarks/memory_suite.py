@@ -148,6 +148,7 @@ class Suite:
         moved = []
         for key, result in stored.items():
             new_key, new = with_preset_of_its_time(key, result)
+            new_key, new = with_code_of_its_time(new_key, new)
             if new is result:
                 runs[key] = result  # the stored keys are unique: these keep theirs
             else:
@@ -211,6 +212,55 @@ def with_preset_of_its_time(key: str, result: dict) -> tuple[str, dict]:
         key += "".join(f" --{name} {value}" for name, value in earlier.items())
     from_preset = {**result.get("from_preset", {}), **earlier}
     return key, {**result, "overrides": overrides, "from_preset": from_preset}
+
+
+# Changes of the trainer's arithmetic, as (when, setting, value, label): runs made before one,
+# with that setting at that value (by their preset or a flag), computed other sums, so a seed
+# took another path than it takes now. `Suite.load` labels such a run (`code` in the JSON and
+# in its key); the report gives it a row of its own, and a run of the code as it is now never
+# replaces it (`identity`). A run is dated by when it was trained: `trained` for an import
+# (its summary.json's time less the run's wall-clock), else `started`, else `finished`.
+CODE_CHANGES: tuple[tuple[str, str, object, str], ...] = (
+    (
+        "2026-12-06T03:20:38+00:00",
+        "shared_critic",
+        True,
+        "earlier code: the shared trunk ran twice (before 2026-12-06)",
+    ),
+)
+
+
+def setting_of(result: dict, name: str) -> object:
+    """A run's value of a ``TrainConfig`` setting: its flag where it set one, else its preset's.
+
+    Flags are recorded as text; on-off settings as ``True`` / ``False``.
+    """
+    preset = preset_setting(TASKS[result["task"]].preset, name)
+    flag = result.get("overrides", {}).get(name.replace("_", "-"))
+    if flag is None:
+        return preset
+    if isinstance(preset, bool):
+        return flag == "True"
+    return type(preset)(flag) if preset is not None else flag
+
+
+def with_code_of_its_time(key: str, result: dict) -> tuple[str, dict]:
+    """A recorded run, labelled with the earlier code it was trained with (``CODE_CHANGES``).
+
+    The label is the latest change the run predates among those whose setting it has; a run
+    labelled already, or trained after them all, is returned as it is.
+    """
+    if "code" in result:
+        return key, result
+    made = result.get("trained") or result.get("started") or result.get("finished", "")
+    labels = [
+        label
+        for when, name, value, label in sorted(CODE_CHANGES)
+        if made < when and setting_of(result, name) == value
+    ]
+    if not labels:
+        return key, result
+    return f"{key} [{labels[0]}]", {**result, "code": labels[0]}
 
 
 def environment() -> dict:
@@ -282,7 +332,7 @@ def ablation_runs(
 
 def is_default(result: dict) -> bool:
     """A run with the task's preset as it is: no flags, or only flags equal to its values."""
-    if result["returncode"] != 0 or result.get("total_steps_override"):
+    if result["returncode"] != 0 or result.get("total_steps_override") or result.get("code"):
         return False
     return not flags_over_preset(result)
 
@@ -295,8 +345,9 @@ def identity(result: dict) -> tuple:
     """What a recorded run (or a ``Run`` as ``Run.as_result()``) measured.
 
     Its task, seed and budget, its flags over the preset as it is now, and the ablation
-    cell's flags it set: two records of one identity are the same measurement (an earlier
-    ``--learning-rate 0.002`` run is a run of a preset that took 0.002 since).
+    cell's flags it set, and the earlier code it was trained with (``CODE_CHANGES``): two
+    records of one identity are the same measurement (an earlier ``--learning-rate 0.002``
+    run is a run of a preset that took 0.002 since).
     """
     recorded = result.get("overrides", {})
     return (
@@ -305,6 +356,7 @@ def identity(result: dict) -> tuple:
         result.get("total_steps_override"),
         tuple(sorted(flags_over_preset(result).items())),
         tuple((name, recorded[name]) for name in CELL_FLAGS if name in recorded),
+        result.get("code"),
     )
 
 
@@ -381,6 +433,11 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
         raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
     curve = read_curve(directory / "metrics.csv")
     overrides = imported_overrides(task, config)
+    # when it was trained (which code it ran, see CODE_CHANGES): summary.json is written at
+    # the run's end, and the run took wall_time_s
+    trained = datetime.fromtimestamp(
+        path.stat().st_mtime - float(summary.get("wall_time_s", 0.0)), timezone.utc
+    )
     result = {
         "task": task,
         "seed": seed,
@@ -397,6 +454,7 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
         # runs are imported on the machine that made them (their directories are local)
         "cpu": cpu_model(),
         "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "trained": trained.isoformat(timespec="seconds"),
     }
     result.update(first_reach(curve, TASKS[task].target))
     return result
@@ -559,6 +617,8 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
                 # flags over the preset that are not an ablation cell
                 flags = flags_over_preset(r)
                 text = " ".join(a for k, v in sorted(flags.items()) for a in cli_args(k, v))
+                if r.get("code"):  # a row of its own: the same settings, other arithmetic
+                    text = f"{text} [{r['code']}]".lstrip()
                 by_flags.setdefault(text, []).append(r)
         groups += [(task, text, runs) for text, runs in by_flags.items() if runs]
     return groups
@@ -588,8 +648,11 @@ def task_table(suite: Suite) -> list[str]:
         per_seed = ", ".join(f"{_seed_label(r, results)}: {r['eval_return']:.4g}" for r in results)
         n = len(results)
         low, high = wilson(solved, n)
+        code = results[0].get("code")
+        shown = flags.removesuffix(f"[{code}]").rstrip() if code else flags
+        column = (f"`{shown}`" if shown else "-") + (f" ({code})" if code else "")
         lines.append(
-            f"| {task.name} | {f'`{flags}`' if flags else '-'} | {task.target:g} | "
+            f"| {task.name} | {column} | {task.target:g} | "
             f"{task.budget:,} | {_spread(evals)} [{per_seed}] | {solved}/{n} "
             f"({100 * low:.0f}-{100 * high:.0f}%) | {reached}/{n} | "
             f"{_median_or_dash([r['steps_to_target'] for r in results], ',.0f')} | "
@@ -607,8 +670,8 @@ def ablation_table(suite: Suite, task: str) -> list[str]:
     preset = preset_settings(TASKS[task].preset)
     for r in suite.runs.values():
         o = r["overrides"]
-        if r["task"] != task or r["returncode"] != 0:
-            continue
+        if r["task"] != task or r["returncode"] != 0 or r.get("code"):
+            continue  # (a run of earlier code computed other sums: CODE_CHANGES)
         if not set(CELL_FLAGS) <= o.keys():
             continue
         if any(
@@ -720,8 +783,10 @@ def report(suite: Suite, results_page: Path) -> None:
         "CPU model (`cpu` in the JSON, from 2026-12-04 on): a seed's run on one CPU model "
         "takes another path than on another, so a seed run on two appears twice, labelled. "
         "A run recorded before its preset changed a setting carries the earlier value as a "
-        "flag (`PRESET_CHANGES` in the script), so each row holds runs of one set of "
-        "settings; the rate's interval is the 95% Wilson score interval.",
+        "flag (`PRESET_CHANGES` in the script), and a run trained before a change of the "
+        "trainer's arithmetic that applies to it is labelled with it (`CODE_CHANGES`: "
+        "its seeds took other paths), so each row holds runs of one set of settings and one "
+        "arithmetic; the rate's interval is the 95% Wilson score interval.",
         "",
         *task_table(suite),
         "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,10 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
             assert runs[key]["overrides"] == expected
             assert runs[key]["cpu"] == data["environment"]["cpu"]
             assert runs[key]["steps_to_target"] == 2048
+            # dated by when it was trained: summary.json's time less the run's 2 s
+            written = (run / "summary.json").stat().st_mtime
+            trained = datetime.fromisoformat(runs[key]["trained"]).timestamp()
+            assert written - 3.5 < trained < written - 0.5
     finally:
         path.unlink(missing_ok=True)
 
@@ -340,6 +345,74 @@ def test_memory_suite_keeps_the_runs_of_an_earlier_preset_apart(
     assert memory_suite.Run("poc-memory", 3).key not in suite.runs
     suite.save()
     assert memory_suite.Suite.load(path).runs.keys() == suite.runs.keys()
+
+
+def test_memory_suite_keeps_the_runs_of_earlier_arithmetic_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run trained before a change of the trainer's arithmetic that applies to its settings
+    (``CODE_CHANGES``: a setting's value, by the preset or a flag) is labelled with it: keyed
+    and grouped apart from the runs of the code as it is, never counted as the preset's, and
+    not replaced by them (its identity differs). Runs without that setting's value, runs
+    trained after the change (an import dated by ``trained``, not by when it was imported),
+    and runs labelled already are left as they are; loading again changes nothing."""
+    memory_suite = _memory_suite()
+    epochs = int(memory_suite.preset_setting("poc-memory", "epochs"))
+    when = "2026-12-05T12:00:00+00:00"
+    label = "earlier code: a test"
+    monkeypatch.setattr(memory_suite, "CODE_CHANGES", ((when, "epochs", epochs, label),))
+    before, after = "2026-12-05T11:00:00+00:00", "2026-12-05T13:00:00+00:00"
+    run = {
+        "task": "poc-memory", "returncode": 0, "eval_return": 1.0, "overrides": {},
+        "steps_to_target": None, "seconds_to_target": None, "train_s": 1.0,
+    }  # fmt: skip
+    runs = {
+        "poc-memory seed=0": {**run, "seed": 0, "finished": before},
+        # another value of the setting: the change does not apply
+        f"poc-memory seed=1 --epochs {epochs + 1}": {
+            **run, "seed": 1, "overrides": {"epochs": str(epochs + 1)}, "finished": before
+        },
+        # trained before the change, imported after it
+        "poc-memory seed=2 imported on CPU": {
+            **run, "seed": 2, "finished": after, "trained": before, "command": "imported from x"
+        },
+        # trained after it
+        "poc-memory seed=3 imported on CPU": {
+            **run, "seed": 3, "finished": after, "trained": after, "command": "imported from x"
+        },
+        "poc-memory seed=4": {**run, "seed": 4, "finished": after},
+        # the flag equal to the preset's value: the change applies
+        f"poc-memory seed=5 --epochs {epochs}": {
+            **run, "seed": 5, "overrides": {"epochs": str(epochs)}, "started": before,
+            "finished": after,
+        },
+    }  # fmt: skip
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"runs": runs}))
+    suite = memory_suite.Suite.load(path)
+    assert sorted(suite.runs) == sorted(
+        [
+            f"poc-memory seed=0 [{label}]",
+            f"poc-memory seed=1 --epochs {epochs + 1}",
+            f"poc-memory seed=2 imported on CPU [{label}]",
+            "poc-memory seed=3 imported on CPU",
+            "poc-memory seed=4",
+            f"poc-memory seed=5 --epochs {epochs} [{label}]",
+        ]
+    )
+    assert suite.runs[f"poc-memory seed=0 [{label}]"]["code"] == label
+    groups = {
+        text: sorted(r["seed"] for r in rs) for _, text, rs in memory_suite.task_groups(suite)
+    }
+    assert groups == {"": [3, 4], f"[{label}]": [0, 2, 5], f"--epochs {epochs + 1}": [1]}
+    table = "\n".join(memory_suite.task_table(suite))
+    assert f"| poc-memory | - ({label}) |" in table
+    # a run of the code as it is is not done by the earlier code's run of its seed
+    assert memory_suite.identity(memory_suite.Run("poc-memory", 0).as_result()) != (
+        memory_suite.identity(suite.runs[f"poc-memory seed=0 [{label}]"])
+    )
+    suite.save()
+    assert memory_suite.Suite.load(path).runs == suite.runs
 
 
 def test_memory_suite_import_replaces_the_same_run_recorded_under_another_key(
