@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -302,7 +303,7 @@ def _evaluate_and_record(
             raise
     finally:
         env.close()
-    log.info("wrote %s: %d episodes, %d frames at %d fps", path, episodes, writer.frames, fps)
+    log.info("wrote %s: %d episodes, %d frames at %g fps", path, episodes, writer.frames, fps)
     video = {
         "video": str(path),
         "video_episodes": episodes,
@@ -354,9 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--fps",
-        type=int,
-        help=f"frames per second of the video (default: the env's render_fps, else 30; a GIF "
-        f"at most {GIF_MAX_FPS})",
+        type=float,
+        help=f"frames per second of the video, fractional or not (default: the env's "
+        f"render_fps, else 30; a GIF at most {GIF_MAX_FPS})",
     )
     parser.add_argument(
         "--image-layout",
@@ -382,11 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             f"--video-episodes must be in [1, --episodes = {args.episodes}] (it records "
             f"evaluated episodes), got {video_episodes}"
         )
-    if args.fps is not None and args.fps < 1:
-        parser.error(f"--fps must be >= 1, got {args.fps}")
+    if args.fps is not None and not (math.isfinite(args.fps) and args.fps > 0):
+        parser.error(f"--fps must be a positive number, got {args.fps:g}")
     gif = args.video is not None and Path(args.video).suffix.lower() == ".gif"
     if gif and args.fps is not None and args.fps > GIF_MAX_FPS:
-        parser.error(f"--fps must be <= {GIF_MAX_FPS} for a GIF, got {args.fps}: {GIF_FPS_WHY}")
+        parser.error(f"--fps must be <= {GIF_MAX_FPS} for a GIF, got {args.fps:g}: {GIF_FPS_WHY}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     video: dict[str, Any] = {}
     try:

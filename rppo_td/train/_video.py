@@ -13,6 +13,7 @@ written with ``imageio-ffmpeg`` (``pip install 'rppo_td[video]'``), every frame 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -223,10 +224,18 @@ def headless_rendering() -> Iterator[None]:
             os.environ["SDL_VIDEODRIVER"] = previous
 
 
-def default_fps(env: gym.Env, suffix: str) -> int:
-    """The env's ``metadata["render_fps"]`` (30 if it has none), at most 50 for a GIF."""
-    fps = env.metadata.get("render_fps") or _DEFAULT_FPS
-    fps = max(1, round(float(fps)))
+def default_fps(env: gym.Env, suffix: str) -> float:
+    """The env's ``metadata["render_fps"]``, at most 50 for a GIF.
+
+    A fractional rate is kept (``2.5``: each frame 0.4 s). 30 where the env gives none, or
+    no positive finite number.
+    """
+    try:
+        fps = float(env.metadata.get("render_fps") or _DEFAULT_FPS)
+    except (TypeError, ValueError):
+        fps = _DEFAULT_FPS
+    if not (math.isfinite(fps) and fps > 0):
+        fps = _DEFAULT_FPS
     return min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps
 
 
@@ -239,7 +248,7 @@ class VideoWriter:
 
     Args:
         path: from ``check_video_path``.
-        fps: frames per second, ``>= 1`` (``<= 50`` for a GIF).
+        fps: frames per second, a positive number, fractional or not (``<= 50`` for a GIF).
 
     Example:
         >>> import tempfile
@@ -251,11 +260,13 @@ class VideoWriter:
         True
     """
 
-    def __init__(self, path: Path, *, fps: int) -> None:
+    def __init__(self, path: Path, *, fps: float) -> None:
         self.path = check_video_path(path)
         self.suffix = self.path.suffix.lower()
-        if fps < 1:
-            raise ValueError(f"fps must be >= 1, got {fps}")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)):
+            raise ValueError(f"fps must be a number, got {fps!r}")
+        if not (math.isfinite(fps) and fps > 0):
+            raise ValueError(f"fps must be a positive number, got {fps}")
         if self.suffix == ".gif" and fps > GIF_MAX_FPS:
             raise ValueError(f"fps must be <= {GIF_MAX_FPS} for a GIF, got {fps}: {GIF_FPS_WHY}")
         self.fps = fps

@@ -19,6 +19,7 @@ from rppo_td.train import main as train_main
 from rppo_td.train._video import (
     VideoWriter,
     check_video_path,
+    default_fps,
     make_render_env,
     render_frame,
 )
@@ -172,7 +173,8 @@ def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeyp
     gif = str(tmp_path / "x.gif")
     err = refused("--episodes", "2", "--video", gif, "--video-episodes", "3")
     assert "--video-episodes must be in [1, --episodes = 2]" in err
-    assert "--fps must be >= 1" in refused("--video", gif, "--fps", "0")
+    for bad in ("0", "-2", "nan", "inf"):
+        assert "--fps must be a positive number" in refused("--video", gif, "--fps", bad)
     assert "--fps must be <= 50 for a GIF" in refused("--video", gif, "--fps", "60")
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
     err = refused("--video", str(tmp_path / "x.mp4"))
@@ -322,3 +324,38 @@ def test_gif_frames_keep_time_at_rates_that_are_not_whole_hundredths(tmp_path):
     _, durations = _gif_frames(writer.close())
     assert sum(durations) == 1000
     assert set(durations) == {30, 40}
+
+
+def test_fractional_rates_are_kept(tmp_path):
+    """A render_fps or --fps of 2.5 is 2.5 frames a second, not 2 or 3: each GIF frame lasts
+    400 ms, and 7.5 fps keeps time over the film (133 or 134 ms, 15 frames in 2 s)."""
+
+    class Env(gym.Env):
+        metadata: dict = {}  # noqa: RUF012 (gymnasium's)
+
+    env = Env()
+    for given, mp4, gif in (
+        (2.5, 2.5, 2.5), (120.0, 120.0, 50), (None, 30, 30), ("x", 30, 30), (-1, 30, 30),
+        (float("nan"), 30, 30),
+    ):  # fmt: skip
+        env.metadata = {"render_fps": given}
+        assert (default_fps(env, ".mp4"), default_fps(env, ".gif")) == (mp4, gif), given
+    for fps, frames, each in ((2.5, 4, {400}), (7.5, 15, {130, 140})):
+        writer = VideoWriter(check_video_path(tmp_path / f"{fps}.gif"), fps=fps)
+        for i in range(frames):
+            writer.add(np.full((4, 4, 3), 16 * i, dtype=np.uint8))
+        _, durations = _gif_frames(writer.close())
+        assert sum(durations) == round(1000 * frames / fps)
+        assert set(durations) <= each
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "4"):
+        with pytest.raises(ValueError, match="fps must be a"):
+            VideoWriter(check_video_path(tmp_path / "bad.gif"), fps=bad)
+
+
+def test_an_mp4_keeps_a_fractional_rate(tmp_path):
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    writer = VideoWriter(check_video_path(tmp_path / "slow.mp4"), fps=2.5)
+    for i in range(5):
+        writer.add(np.full((16, 16, 3), 40 * i, dtype=np.uint8))
+    out = writer.close()
+    assert imageio_ffmpeg.count_frames_and_secs(str(out)) == (5, 2.0)
