@@ -211,6 +211,13 @@ def test_memory_suite_records_an_imported_runs_settings_that_differ_from_the_pre
         path.unlink(missing_ok=True)
 
 
+def _loaded_suite(memory_suite, tmp_path: Path, runs: dict):  # type: ignore[no-untyped-def]
+    """``runs`` written as a suite's JSON, and the suite loaded from it: ``(path, suite)``."""
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"runs": runs}))
+    return path, memory_suite.Suite.load(path)
+
+
 def _memory_suite():  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
@@ -312,9 +319,7 @@ def test_memory_suite_keeps_the_runs_of_an_earlier_preset_apart(
             **run, "seed": 5, "overrides": {}, "started": before, "finished": after
         },
     }  # fmt: skip
-    path = tmp_path / "suite.json"
-    path.write_text(json.dumps({"runs": runs}))
-    suite = memory_suite.Suite.load(path)
+    path, suite = _loaded_suite(memory_suite, tmp_path, runs)
     assert sorted(suite.runs) == sorted(
         [
             f"poc-memory seed=0 --epochs {old} --gamma 0.5 imported on CPU",
@@ -387,9 +392,7 @@ def test_memory_suite_keeps_the_runs_of_earlier_arithmetic_apart(
             "finished": after,
         },
     }  # fmt: skip
-    path = tmp_path / "suite.json"
-    path.write_text(json.dumps({"runs": runs}))
-    suite = memory_suite.Suite.load(path)
+    path, suite = _loaded_suite(memory_suite, tmp_path, runs)
     assert sorted(suite.runs) == sorted(
         [
             f"poc-memory seed=0 [{label}]",
