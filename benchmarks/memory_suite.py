@@ -225,7 +225,7 @@ CODE_CHANGES: tuple[tuple[str, str, object, str], ...] = (
         "2026-12-06T03:20:38+00:00",
         "shared_critic",
         True,
-        "earlier code: the shared trunk ran twice (before 2026-12-06)",
+        "earlier code, before 2026-12-06: the shared trunk ran twice",
     ),
 )
 
@@ -620,7 +620,12 @@ def task_groups(suite: Suite) -> list[tuple[Task, str, list[dict]]]:
                 if r.get("code"):  # a row of its own: the same settings, other arithmetic
                     text = f"{text} [{r['code']}]".lstrip()
                 by_flags.setdefault(text, []).append(r)
-        groups += [(task, text, runs) for text, runs in by_flags.items() if runs]
+        # the preset, then its runs with flags; those of earlier code after them, alike
+        ordered = sorted(
+            (item for item in by_flags.items() if item[1]),
+            key=lambda item: (bool(item[1][0].get("code")), item[0].startswith("-")),
+        )
+        groups += [(task, text, runs) for text, runs in ordered]
     return groups
 
 
