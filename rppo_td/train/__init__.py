@@ -57,6 +57,18 @@ def cli() -> None:
     sys.exit(status)
 
 
+def _missing_package(err: BaseException) -> bool:
+    """Whether ``err`` was caused, at any depth, by an ``ImportError`` (a missing package)."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ImportError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def _main(argv: list[str] | None) -> int:
     """``main`` without the outer interrupt guard."""
     from rppo_td.envs import EnvError
@@ -73,7 +85,10 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
-        return 1 if isinstance(err, EnvError) else 2
+        # an env that fails while running is a failure (1); one that cannot be built for want
+        # of its optional package (an extra to install) is a setting that cannot run, as an
+        # unknown env id is (2)
+        return 1 if isinstance(err, EnvError) and not _missing_package(err) else 2
     except OSError as err:  # a full disk, say, while reading or writing the run's files
         _error(f"cannot read or write the run's files: {err}")
         return 1

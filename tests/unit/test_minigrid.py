@@ -156,6 +156,18 @@ def test_missing_extra_raises_a_clear_error(monkeypatch):
         make_minigrid_memory(11, observation="rgb")
 
 
+def test_rppo_train_without_the_extra_is_a_usage_error(monkeypatch, tmp_path, capsys):
+    """A preset whose env needs a package that is not installed cannot run as set: one line
+    naming the extra to install, and exit status 2, as for an unknown env id (an env that
+    fails while training is status 1)."""
+    monkeypatch.setitem(sys.modules, "minigrid", None)
+    argv = ["--preset", "minigrid-memory-s9", "--total-steps", "2048", "--output", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "needs the minigrid extra: pip install 'rppo_td[minigrid]'" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_bad_size_or_mode_is_refused():
     with pytest.raises(ValueError, match="size must be one of"):
         make_minigrid_memory(8)
