@@ -37,6 +37,7 @@ from rppo_td.train._video import (
     headless_rendering,
     make_render_env,
     render_frame,
+    whole_if_integral,
 )
 
 __all__ = ["MAX_EPISODES", "evaluate_agent", "load_agent", "main", "record_agent"]
@@ -385,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.fps is not None and not (math.isfinite(args.fps) and args.fps > 0):
         parser.error(f"--fps must be a positive number, got {args.fps:g}")
+    if args.fps is not None:
+        args.fps = whole_if_integral(args.fps)  # --fps 10 is reported as 10, not 10.0
     gif = args.video is not None and Path(args.video).suffix.lower() == ".gif"
     if gif and args.fps is not None and args.fps > GIF_MAX_FPS:
         parser.error(f"--fps must be <= {GIF_MAX_FPS} for a GIF, got {args.fps:g}: {GIF_FPS_WHY}")

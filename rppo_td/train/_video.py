@@ -34,6 +34,7 @@ __all__ = [
     "VideoWriter",
     "check_video_path",
     "default_fps",
+    "whole_if_integral",
     "headless_rendering",
     "make_render_env",
     "render_frame",
@@ -236,7 +237,12 @@ def default_fps(env: gym.Env, suffix: str) -> float:
         fps = _DEFAULT_FPS
     if not (math.isfinite(fps) and fps > 0):
         fps = _DEFAULT_FPS
-    return min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps
+    return whole_if_integral(min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps)
+
+
+def whole_if_integral(fps: float) -> float:
+    """``fps`` as an ``int`` where it is a whole number (``4.0`` -> ``4``), else as it is."""
+    return int(fps) if float(fps).is_integer() else fps
 
 
 class VideoWriter:

@@ -97,6 +97,7 @@ def test_an_existing_file_is_overwritten_and_one_episode_is_the_default(
         "--stochastic",
     )  # fmt: skip
     assert result["video_episodes"] == 1 and result["video_fps"] == 4  # PocMemory's render_fps
+    assert isinstance(result["video_fps"], int)
     assert len(_gif_frames(out)[0]) == result["video_lengths"][0] + 1
 
 
@@ -339,7 +340,10 @@ def test_fractional_rates_are_kept(tmp_path):
         (float("nan"), 30, 30),
     ):  # fmt: skip
         env.metadata = {"render_fps": given}
-        assert (default_fps(env, ".mp4"), default_fps(env, ".gif")) == (mp4, gif), given
+        got = (default_fps(env, ".mp4"), default_fps(env, ".gif"))
+        assert got == (mp4, gif), given
+        # a whole rate is an int (written to the JSON as 50, not 50.0)
+        assert all(isinstance(x, int) == float(x).is_integer() for x in got), got
     for fps, frames, each in ((2.5, 4, {400}), (7.5, 15, {130, 140})):
         writer = VideoWriter(check_video_path(tmp_path / f"{fps}.gif"), fps=fps)
         for i in range(frames):
