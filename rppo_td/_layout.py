@@ -440,11 +440,13 @@ def gather_sequences(
         if key not in stacked:
             check_tensor_leaf(key, value, flat.device, ids="the sequence ids")
     gathered: dict[NestedKey, torch.Tensor | Pending] = {}
-    now = [
-        value
-        for key, value in leaves
-        if key not in stacked and (deferred is None or not trackable(value))
-    ]
+    # the keys left pending (trackable asks once per leaf: it reads the storage's flags)
+    later = (
+        set()
+        if deferred is None
+        else {key for key, value in leaves if key not in stacked and trackable(value)}
+    )
+    now = [value for key, value in leaves if key not in stacked and key not in later]
     # each sequence's steps are consecutive in the rollout: where a large leaf of narrow rows
     # is gathered, such leaves are copied a whole sequence at a time (pad_rows)
     runs = at.runs if any(runs_pay(value, flat.numel()) for value in now) else None
@@ -452,7 +454,7 @@ def gather_sequences(
     for key, value in sorted(leaves, key=lambda leaf: step_bytes(leaf[1])):
         if key in stacked:
             gathered[key] = stacked[key]
-        elif deferred is not None and trackable(value):
+        elif deferred is not None and key in later:
             gathered[key] = Pending(key, value, deferred)
         else:
             if out is not None and key in out:
