@@ -58,14 +58,18 @@ def cli() -> None:
 
 
 def _missing_package(err: BaseException) -> bool:
-    """Whether ``err`` was caused, at any depth, by an ``ImportError`` (a missing package)."""
+    """Whether ``err`` was raised from an ``ImportError`` (a missing package), at any depth.
+
+    Only explicit causes (``raise ... from``) count, as the env wrappers raise them; an
+    error met while handling an ``ImportError`` is not one.
+    """
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:
         if isinstance(cause, ImportError):
             return True
         seen.add(id(cause))
-        cause = cause.__cause__ or cause.__context__
+        cause = cause.__cause__
     return False
 
 

@@ -34,10 +34,10 @@ __all__ = [
     "VideoWriter",
     "check_video_path",
     "default_fps",
-    "whole_if_integral",
     "headless_rendering",
     "make_render_env",
     "render_frame",
+    "whole_if_integral",
 ]
 
 VIDEO_SUFFIXES = (".gif", ".mp4")
