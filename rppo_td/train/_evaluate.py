@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +35,7 @@ from rppo_td.train._video import (
     default_fps,
     headless_rendering,
     make_render_env,
+    positive_rate,
     render_frame,
     whole_if_integral,
 )
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--video-episodes must be in [1, --episodes = {args.episodes}] (it records "
             f"evaluated episodes), got {video_episodes}"
         )
-    if args.fps is not None and not (math.isfinite(args.fps) and args.fps > 0):
+    if args.fps is not None and not positive_rate(args.fps):
         parser.error(f"--fps must be a positive number, got {args.fps:g}")
     if args.fps is not None:
         args.fps = whole_if_integral(args.fps)  # --fps 10 is reported as 10, not 10.0

@@ -36,6 +36,7 @@ __all__ = [
     "default_fps",
     "headless_rendering",
     "make_render_env",
+    "positive_rate",
     "render_frame",
     "whole_if_integral",
 ]
@@ -235,9 +236,14 @@ def default_fps(env: gym.Env, suffix: str) -> float:
         fps = float(env.metadata.get("render_fps") or _DEFAULT_FPS)
     except (TypeError, ValueError):
         fps = _DEFAULT_FPS
-    if not (math.isfinite(fps) and fps > 0):
+    if not positive_rate(fps):
         fps = _DEFAULT_FPS
     return whole_if_integral(min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps)
+
+
+def positive_rate(fps: float) -> bool:
+    """Whether ``fps`` is a frame rate a video can have: a positive finite number."""
+    return math.isfinite(fps) and fps > 0
 
 
 def whole_if_integral(fps: float) -> float:
@@ -271,7 +277,7 @@ class VideoWriter:
         self.suffix = self.path.suffix.lower()
         if isinstance(fps, bool) or not isinstance(fps, (int, float)):
             raise ValueError(f"fps must be a number, got {fps!r}")
-        if not (math.isfinite(fps) and fps > 0):
+        if not positive_rate(fps):
             raise ValueError(f"fps must be a positive number, got {fps}")
         if self.suffix == ".gif" and fps > GIF_MAX_FPS:
             raise ValueError(f"fps must be <= {GIF_MAX_FPS} for a GIF, got {fps}: {GIF_FPS_WHY}")
