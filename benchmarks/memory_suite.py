@@ -230,25 +230,19 @@ CODE_CHANGES: tuple[tuple[str, str, object, str], ...] = (
 )
 
 
-def setting_of(result: dict, name: str) -> object:
-    """A run's value of a ``TrainConfig`` setting: its flag where it set one, else its preset's.
-
-    Flags are recorded as text; on-off settings as ``True`` / ``False``.
-    """
-    preset = preset_setting(TASKS[result["task"]].preset, name)
+def setting_of(result: dict, name: str) -> str:
+    """A run's value of a ``TrainConfig`` setting as its flag's text (``True``, ``0.95``): the
+    flag where it set one, else its preset's value (compared as ``flags_over_preset`` does)."""
     flag = result.get("overrides", {}).get(name.replace("_", "-"))
-    if flag is None:
-        return preset
-    if isinstance(preset, bool):
-        return flag == "True"
-    return type(preset)(flag) if preset is not None else flag
+    return flag if flag is not None else str(preset_setting(TASKS[result["task"]].preset, name))
 
 
 def with_code_of_its_time(key: str, result: dict) -> tuple[str, dict]:
     """A recorded run, labelled with the earlier code it was trained with (``CODE_CHANGES``).
 
-    The label is the latest change the run predates among those whose setting it has; a run
-    labelled already, or trained after them all, is returned as it is.
+    The label is the earliest change the run predates among those whose setting it has (the
+    code it ran is older than that one); a run labelled already, or trained after them all,
+    is returned as it is.
     """
     if "code" in result:
         return key, result
@@ -256,7 +250,7 @@ def with_code_of_its_time(key: str, result: dict) -> tuple[str, dict]:
     labels = [
         label
         for when, name, value, label in sorted(CODE_CHANGES)
-        if made < when and setting_of(result, name) == value
+        if made < when and setting_of(result, name) == str(value)
     ]
     if not labels:
         return key, result
