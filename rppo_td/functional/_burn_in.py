@@ -8,6 +8,8 @@ in the rollout, nor before the rollout's first step (the rollout holds nothing e
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from rppo_td._validation import (
@@ -71,7 +73,7 @@ def burn_in_lengths(
         >>> burn_in_lengths(torch.tensor([0, 4, 9]), torch.tensor([0, 2, 0]), 4)
         tensor([0, 2, 4])
     """
-    _check_burn_in(burn_in)
+    burn_in = _check_burn_in(burn_in)
     _check_ndim({"start_time": start_time, "episode_first_step": episode_first_step}, 1)
     check_dtype("start_time", start_time, torch.int64)
     check_dtype("episode_first_step", episode_first_step, torch.int64)
@@ -120,7 +122,7 @@ def burn_in_window(
         tensor([[False, False,  True],
                 [ True,  True,  True]])
     """
-    _check_burn_in(burn_in)
+    burn_in = _check_burn_in(burn_in)
     _check_ndim({"start_time": start_time, "lengths": lengths}, 1)
     check_dtype("start_time", start_time, torch.int64)
     check_dtype("lengths", lengths, torch.int64)
@@ -142,6 +144,8 @@ def _check_ndim(named: dict[str, torch.Tensor], ndim: int) -> None:
             raise ValueError(f"{name} must have {ndim} dims, got shape {list(x.shape)}")
 
 
-def _check_burn_in(burn_in: int) -> None:
-    if isinstance(burn_in, bool) or not isinstance(burn_in, int) or burn_in < 0:
+def _check_burn_in(burn_in: int) -> int:
+    """``burn_in`` as a Python int; any integer type is taken (``numpy.int64`` too), bools not."""
+    if isinstance(burn_in, bool) or not isinstance(burn_in, numbers.Integral) or burn_in < 0:
         raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
+    return int(burn_in)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy
+
 from rppo_td.envs import CARTPOLE_NOVEL_ID
 
 __all__ = ["RENAMED", "RUNTIME_FIELDS", "TrainConfig", "renamed_settings"]
@@ -293,6 +295,12 @@ class TrainConfig:
     log_level: str = _doc("logging level", default="INFO", choices=LOG_LEVELS)
 
     def __post_init__(self) -> None:
+        # numpy scalars (a sweep over np.arange, a value read from an array) as Python's
+        # own, so that they pass the checks and are written to YAML and JSON as numbers
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, numpy.generic):
+                setattr(self, f.name, value.item())
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()
         self.validate()

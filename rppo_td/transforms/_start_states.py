@@ -245,11 +245,21 @@ class SequenceStartStates(RolloutTransform):
             check_shape(key, value, shape)
             check_dtype(key, value, dtype)
         real = mask.flatten().nonzero().squeeze(1)
-        if real.numel() == 0 or not bool(mask[:, 0].all()):
+        # one sync for both: every row starts real, and its padding is only at its end
+        first_real, prefix = torch.stack(
+            [mask[:, 0].all(), (mask[:, 1:] <= mask[:, :-1]).all()]
+        ).tolist()
+        if real.numel() == 0 or not first_real:
             raise ValueError(
                 f"SequenceStartStates needs sequences whose first position is real "
                 f"({keys.loss_mask!r} True at position 0 of every row), as SequencePadder "
                 "writes them"
+            )
+        if not prefix:
+            # the refresh runs each row over its first mask.sum(1) positions
+            raise ValueError(
+                f"SequenceStartStates needs {keys.loss_mask!r} to be a True prefix in every "
+                "row (padding only at the end), as SequencePadder writes it"
             )
         w_real = worker.flatten().index_select(0, real)
         t_real = time.flatten().index_select(0, real)
@@ -311,7 +321,8 @@ class SequenceStartStates(RolloutTransform):
             at_first = {key: value.index_select(0, first) for key, value in states.items()}
         out = shallow_copy(tensordict)  # leaves the padder's pending leaves pending
         for key, value in at_first.items():
-            new = get_key(tensordict, key).clone()
+            # detached: the states written never require grad, whatever the input's did
+            new = get_key(tensordict, key).detach().clone()
             new[:, 0] = value
             out.set(key, new)
         return out
@@ -602,7 +613,11 @@ def scan_step_by_step(
         set_exploration_type(ExplorationType.DETERMINISTIC),
     ):
         for t in range(length):
-            on = torch.ones(n, dtype=torch.bool) if active is None else active[:, t]
+            on = (
+                torch.ones(n, dtype=torch.bool, device=is_init.device)
+                if active is None
+                else active[:, t]
+            )
             reset = is_init[:, t] & on
             for key in keys:
                 value = carry[key]

@@ -380,6 +380,50 @@ def _small_rollout(net, workers=2, steps=5):
 
 
 @pytest.mark.parametrize(
+    ("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0), ("refreshed", 1)]
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_states_written_never_require_grad(start_state, burn_in, padded):
+    # stored states that require grad (a user's own tensors): padded input once kept their
+    # autograd history in the written copy, where [W, T] input did not
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    td = _small_rollout(net)
+    for key in net.state_keys:
+        td.set(key, td.get(key).requires_grad_(True))
+    if padded:
+        td = SequencePadder()(td)
+    out = SequenceStartStates(_modules(net), start_state=start_state, burn_in=burn_in)(td)
+    for key in net.state_keys:
+        assert not out.get(key).requires_grad, key
+
+
+@pytest.mark.parametrize("start_state", ["stored", "refreshed", "zero"])
+def test_a_mask_with_a_hole_is_refused(start_state):
+    # the refresh runs each row over its first mask.sum(1) positions: a False inside a row
+    # would have run a padding step in place of a real one, silently
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    padded = SequencePadder(pad_to=3)(_small_rollout(net, steps=4))
+    mask = padded["loss_mask"].clone()
+    assert mask[0].tolist() == [True, True, False]
+    mask[0] = torch.tensor([True, False, True])
+    with pytest.raises(ValueError, match="'loss_mask' to be a True prefix in every row"):
+        SequenceStartStates(_modules(net), start_state=start_state)(
+            padded.set("loss_mask", mask)
+        )
+
+
+def test_numpy_burn_in_is_an_int_everywhere():
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3)
+    SequenceStartStates(RecurrentActor(net), burn_in=np.int64(2))
+    start, first = torch.tensor([0, 4, 9]), torch.tensor([0, 2, 0])
+    assert burn_in_lengths(start, first, np.int64(4)).tolist() == [0, 2, 4]
+    columns, active = burn_in_window(torch.tensor([1, 5]), torch.tensor([1, 3]), np.int32(3))
+    assert columns.shape == active.shape == (2, 3)
+    with pytest.raises(ValueError, match="burn_in must be an int >= 0, got True"):
+        burn_in_lengths(start, first, True)
+
+
+@pytest.mark.parametrize(
     ("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0), ("zero", 1)]
 )
 def test_malformed_states_are_refused_by_name(start_state, burn_in):

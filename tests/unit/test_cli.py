@@ -186,6 +186,23 @@ def test_every_field_is_type_checked():
             TrainConfig(**{f.name: wrong})
 
 
+def test_numpy_scalars_are_taken_as_python_numbers():
+    # a sweep over np.arange: np.int64 is an integer, refused before as "must be an integer"
+    import numpy as np
+
+    config = TrainConfig(
+        burn_in=np.int64(2), learning_rate=np.float64(1e-3), progress=np.bool_(False)
+    )
+    assert (type(config.burn_in), type(config.learning_rate), type(config.progress)) == (
+        int,
+        float,
+        bool,
+    )
+    assert config.burn_in == 2
+    with pytest.raises(ValueError, match=r"burn_in must be an integer in \[0, 100000\], got -1$"):
+        TrainConfig(burn_in=np.int64(-1))
+
+
 def test_unknown_key_in_config_file(capsys, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("total_stepz: 10\n")
