@@ -407,9 +407,7 @@ def test_a_mask_with_a_hole_is_refused(start_state):
     assert mask[0].tolist() == [True, True, False]
     mask[0] = torch.tensor([True, False, True])
     with pytest.raises(ValueError, match="'loss_mask' to be a True prefix in every row"):
-        SequenceStartStates(_modules(net), start_state=start_state)(
-            padded.set("loss_mask", mask)
-        )
+        SequenceStartStates(_modules(net), start_state=start_state)(padded.set("loss_mask", mask))
 
 
 def test_numpy_burn_in_is_an_int_everywhere():
