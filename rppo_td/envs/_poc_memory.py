@@ -59,13 +59,14 @@ class PocMemory(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}  # noqa: RUF012 (gymnasium's)
-    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
-    action_space = gym.spaces.Discrete(2)
 
     def __init__(self, render_mode: str | None = None) -> None:
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.render_mode = render_mode
+        # each env its own spaces (their random generators, seeded apart), as gymnasium's
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
         self._cell = 0  # position = cell * 0.2, kept as an integer: no drift
         self._steps = 0
         self._right_pays = True

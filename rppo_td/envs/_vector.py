@@ -31,8 +31,10 @@ class CheckedVectorEnv(SyncVectorEnv):
     """``SyncVectorEnv`` in ``SAME_STEP`` autoreset mode that checks each batch once.
 
     Its sub-envs check what they return (``EnvChecker`` with ``check_observations=False``:
-    every result's form, the reward and flags, and each episode's final observation). This
-    class checks the ``[W, ...]`` observations: where the batch buffer refuses one (wrong
+    every result's form, the reward and flags, and the final observation of an episode that
+    ends below gymnasium's ``TimeLimit``). This class checks the final observation of every
+    episode that ends (``info["final_obs"]``, a time limit's cut included) and the
+    ``[W, ...]`` observations: where the batch buffer refuses one (wrong
     shape or dtype) it names the sub-env and the problem (``form_problem``), and the values
     go through ``observation_problem`` once per batch (for a float ``Box``, one
     ``np.vdot``). Problems raise ``EnvError`` naming the env and the sub-env.
@@ -75,7 +77,23 @@ class CheckedVectorEnv(SyncVectorEnv):
         # np.isfinite(obs).all()); where it overflows the exact check finds nothing
         if not self._float_box or not math.isfinite(np.vdot(obs, obs)):
             self._check_values(obs, "step() or its autoreset")
+        ended = info.get("_final_obs")
+        if ended is not None and ended.any():
+            self._check_final(info["final_obs"], ended)
         return obs, reward, terminated, truncated, info
+
+    def _check_final(self, final: Any, ended: np.ndarray) -> None:
+        """The final observations of the episodes that ended (``info["final_obs"]``).
+
+        The sub-env's ``EnvChecker`` sits below gymnasium's ``TimeLimit``, so it does not
+        know that a step is the one a time limit cuts: that episode's final observation,
+        which the collector bootstraps from, is checked here, for every ended episode alike.
+        """
+        space = self.single_observation_space
+        for i in np.flatnonzero(ended):
+            problem = form_problem(final[i], space) or observation_problem(final[i], space)
+            if problem:
+                raise self._error(int(i), f"in step(), the episode's final observation: {problem}")
 
     def _error(self, i: int, message: str) -> EnvError:
         return EnvError(f"env {self.env_id!r} (sub-env {i} of {self.num_envs}): {message}")

@@ -196,6 +196,41 @@ def test_vector_message_names_the_sub_env():
         _drive(_id("nan_obs"), "vector")
 
 
+class CutEnv(FaultyEnv):
+    """Healthy until step ``AT``, which a time limit of ``AT`` steps cuts (``truncated``)."""
+
+    def __init__(self, final: str) -> None:
+        super().__init__()
+        self.final = final
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.t == AT:
+            obs = np.zeros(3, np.float32) if self.final == "wrong_shape" else obs * np.nan
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize(
+    ("final", "fragment"),
+    [("nan", "contains NaN or inf"), ("wrong_shape", "has shape (3,), expected (2,)")],
+)
+def test_a_final_observation_cut_by_the_time_limit_is_checked(final, fragment):
+    # the sub-env's checker sits below TimeLimit: on the cut step it sees truncated=False;
+    # the vector env let such a final observation through to the collector's bootstrap
+    env_id = f"rppo_td_test/Cut-{final}-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=CutEnv, kwargs={"final": final}, max_episode_steps=AT)
+    vector = make_vector_env(env_id, 2)
+    try:
+        vector.reset(seed=0)
+        with pytest.raises(EnvError) as info:
+            for _ in range(AT):
+                vector.step(np.zeros(2, dtype=np.int64))
+    finally:
+        vector.close()
+    _check_message(info.value, env_id, fragment)
+
+
 @pytest.mark.parametrize("make", [make_env, lambda env_id: make_vector_env(env_id, 2)])
 def test_constructor_faults_name_the_env(make):
     with pytest.raises(EnvError) as info:

@@ -71,3 +71,15 @@ def test_preset_loads_by_either_name():
     for name in ("poc-memory", "poc_memory"):
         config, _ = config_from_args(["--preset", name])
         assert config.env == POC_MEMORY_ID and config.total_steps == 30_000
+
+
+def test_each_env_has_its_own_spaces():
+    # class-level spaces were shared: seeding one env's action space re-seeded every other's
+    first, second = PocMemory(), PocMemory()
+    assert first.action_space is not second.action_space
+    assert first.observation_space is not second.observation_space
+    first.action_space.seed(0)
+    draws = [first.action_space.sample() for _ in range(20)]
+    first.action_space.seed(0)
+    second.action_space.seed(1)
+    assert [first.action_space.sample() for _ in range(20)] == draws
