@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rppo_td.envs import EnvError, make_vector_env
+from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._cli import ShortErrorParser
@@ -40,12 +40,56 @@ from rppo_td.train._video import (
     whole_if_integral,
 )
 
-__all__ = ["MAX_EPISODES", "evaluate_agent", "load_agent", "main", "record_agent"]
+__all__ = [
+    "EVAL_STEP_LIMIT",
+    "MAX_EPISODES",
+    "episode_step_limit",
+    "evaluate_agent",
+    "load_agent",
+    "main",
+    "record_agent",
+]
 
 log = logging.getLogger(__name__)
 
 # evaluation runs one env per episode, all at once
 MAX_EPISODES = 10_000
+
+#: Steps after which an evaluation episode of an env *without* a time limit (gymnasium's
+#: ``max_episode_steps`` None, as ``CliffWalking-v1``) is cut: a deterministic policy that
+#: never reaches a terminal state would otherwise never end the evaluation.
+EVAL_STEP_LIMIT = 10_000
+
+
+def episode_step_limit(env_id: str, limit: int | None = None) -> int | None:
+    """The steps after which ``evaluate_agent`` and ``record_agent`` cut an episode.
+
+    ``limit`` when given (``>= 1``); else None (no cut) for an env registered with a time
+    limit of its own, and ``EVAL_STEP_LIMIT`` for one without.
+
+    Example:
+        >>> episode_step_limit("CartPole-v1"), episode_step_limit("CliffWalking-v1")
+        (None, 10000)
+    """
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_episode_steps must be an int >= 1, got {limit!r}")
+        return limit
+    if gym.spec(resolve_env_id(env_id)).max_episode_steps is not None:
+        return None
+    return EVAL_STEP_LIMIT
+
+
+def _warn_cut(env_id: str, cut: int, episodes: int, limit: int, given: bool) -> None:
+    log.warning(
+        "env %r: %d of %d evaluation episodes did not end within %d steps and were cut there "
+        "(their returns are those of the steps played)%s",
+        env_id,
+        cut,
+        episodes,
+        limit,
+        "" if given else "; the env has no time limit of its own",
+    )
 
 
 class _Policy:
@@ -108,6 +152,7 @@ def evaluate_agent(
     episodes: int,
     seed: int,
     deterministic: bool = True,
+    max_episode_steps: int | None = None,
 ) -> dict[str, Any]:
     """Runs ``episodes`` episodes, one per env of a vector env, with the mode of the policy.
 
@@ -117,33 +162,46 @@ def evaluate_agent(
         episodes: number of episodes (envs) ``>= 1``.
         seed: seeds the envs (``seed + i`` for env ``i``).
         deterministic: take the distribution's mode (True) or sample.
+        max_episode_steps: cut episodes still running after this many steps (a warning
+            says how many); None: ``episode_step_limit``'s default (no cut for an env with a
+            time limit of its own, ``EVAL_STEP_LIMIT`` steps for one without).
 
     Returns:
-        ``eval_return_mean``, ``eval_return_std``, ``eval_episodes``, ``eval_returns`` and
-        ``eval_wall_time_s``.
+        ``eval_return_mean``, ``eval_return_std``, ``eval_episodes``, ``eval_returns``,
+        ``eval_cut_episodes`` (how many were cut) and ``eval_wall_time_s``.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
+    limit = episode_step_limit(env_id, max_episode_steps)
     start = time.perf_counter()
     env = make_vector_env(env_id, episodes)
-    obs, _ = env.reset(seed=seed)
-    policy = _Policy(agent, env.single_action_space, episodes)
-    policy.start(obs)
-    returns = np.zeros(episodes)
-    running = np.ones(episodes, dtype=bool)
-    with _acting(agent, deterministic):
-        while running.any():
-            obs, reward, terminated, truncated, _ = env.step(policy.act())
-            returns += np.where(running, reward, 0.0)
-            done = terminated | truncated
-            running &= ~done
-            policy.advance(obs, done)
-    env.close()
+    try:
+        obs, _ = env.reset(seed=seed)
+        policy = _Policy(agent, env.single_action_space, episodes)
+        policy.start(obs)
+        returns = np.zeros(episodes)
+        running = np.ones(episodes, dtype=bool)
+        steps, cut = 0, 0
+        with _acting(agent, deterministic):
+            while running.any():
+                if steps == limit:
+                    cut = int(running.sum())
+                    _warn_cut(env_id, cut, episodes, limit, max_episode_steps is not None)
+                    break
+                obs, reward, terminated, truncated, _ = env.step(policy.act())
+                steps += 1
+                returns += np.where(running, reward, 0.0)
+                done = terminated | truncated
+                running &= ~done
+                policy.advance(obs, done)
+    finally:
+        env.close()
     return {
         "eval_return_mean": float(returns.mean()),
         "eval_return_std": float(returns.std()),
         "eval_episodes": episodes,
         "eval_returns": returns.tolist(),
+        "eval_cut_episodes": cut,
         "eval_wall_time_s": time.perf_counter() - start,
     }
 
@@ -216,6 +274,7 @@ def record_agent(
     episodes: int,
     seed: int,
     deterministic: bool = True,
+    max_episode_steps: int | None = None,
 ) -> tuple[list[float], list[int]]:
     """Plays ``episodes`` episodes in one rendering env and writes their frames.
 
@@ -232,10 +291,13 @@ def record_agent(
         episodes: ``>= 1``.
         seed: the first episode's seed.
         deterministic: the mode of the policy (True) or samples.
+        max_episode_steps: as ``evaluate_agent``'s: an episode is cut after this many steps.
 
     Returns:
         The episodes' returns and their lengths (steps); ``sum(length + 1)`` frames are written.
     """
+    limit = episode_step_limit(env_id, max_episode_steps)
+    cut = 0
     policy = _Policy(agent, env.action_space, 1)
     shape = None
     returns: list[float] = []
@@ -254,10 +316,15 @@ def record_agent(
                 done = bool(terminated or truncated)
                 writer.add(frame)
                 frame = render_frame(env, env_id, shape)
+                if not done and steps == limit:
+                    cut += 1
+                    break
                 policy.advance(_batch_of_one(obs), np.array([done]))
             writer.add(frame, last=True)
             returns.append(total)
             lengths.append(steps)
+    if cut and limit is not None:
+        _warn_cut(env_id, cut, episodes, limit, max_episode_steps is not None)
     return returns, lengths
 
 
@@ -283,7 +350,12 @@ def _evaluate_and_record(
     finally:
         probe.close()
     result = evaluate_agent(
-        agent, env_id, episodes=args.episodes, seed=args.seed, deterministic=not args.stochastic
+        agent,
+        env_id,
+        episodes=args.episodes,
+        seed=args.seed,
+        deterministic=not args.stochastic,
+        max_episode_steps=args.max_episode_steps,
     )
     env = make_render_env(env_id)
     try:
@@ -297,6 +369,7 @@ def _evaluate_and_record(
                 episodes=episodes,
                 seed=args.seed,
                 deterministic=not args.stochastic,
+                max_episode_steps=args.max_episode_steps,
             )
             writer.close()
         except BaseException:
@@ -339,6 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
     parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        metavar="N",
+        help="cut an episode still running after N steps, with a warning (default: none for "
+        "an env with a time limit of its own, else "
+        f"{EVAL_STEP_LIMIT}); the JSON's eval_cut_episodes counts them",
+    )
+    parser.add_argument(
         "--video",
         metavar="PATH",
         help="also record episodes to PATH, a .gif (Pillow) or an .mp4 (needs imageio-ffmpeg: "
@@ -374,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.seed < 0:
         parser.error(f"--seed must be >= 0, got {args.seed}")
+    if args.max_episode_steps is not None and args.max_episode_steps < 1:
+        parser.error(f"--max-episode-steps must be >= 1, got {args.max_episode_steps}")
     if args.video is None:
         for flag, value in (("--video-episodes", args.video_episodes), ("--fps", args.fps)):
             if value is not None:
@@ -406,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 episodes=args.episodes,
                 seed=args.seed,
                 deterministic=not args.stochastic,
+                max_episode_steps=args.max_episode_steps,
             )
         else:
             with headless_rendering():

@@ -588,6 +588,7 @@ class Trainer:
             "collect_fraction": self.counters["collect_time_s"] / max(wall, 1e-9),
             "updates": self.counters["update"],
             "eval_returns": evaluation.get("eval_returns", []),
+            "eval_cut_episodes": evaluation.get("eval_cut_episodes", 0),
             "eval_wall_time_s": evaluation.get("eval_wall_time_s", 0.0),
             "world_size": self.ranks.world_size,
             "ranks_in_sync": in_sync,
