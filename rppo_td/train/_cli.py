@@ -59,6 +59,13 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
         if name in settings:
             raise ValueError(f"{where} sets {name!r} twice (spelt with '_' and with '-')")
         settings[name] = _yaml_number(name, value)
+    # named here, with the file, rather than after the layers are merged
+    unknown = sorted(set(settings) - set(field_hints()) - set(RENAMED))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())} "
+            "(see rppo-train --help)"
+        )
     return settings
 
 

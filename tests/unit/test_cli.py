@@ -206,7 +206,11 @@ def test_numpy_scalars_are_taken_as_python_numbers():
 def test_unknown_key_in_config_file(capsys, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("total_stepz: 10\n")
-    assert "unknown setting(s) ['total_stepz']" in _error(capsys, ["--config", str(path)])
+    message = _error(capsys, ["--config", str(path)])
+    assert f"config file {str(path)!r}: unknown setting(s) ['total_stepz']" in message
+    path.write_text("gae_lambda: 0.9\n")  # an old name is still read
+    config, _ = config_from_args(["--config", str(path)])
+    assert config.lmbda == 0.9
 
 
 def test_module_main_help():
