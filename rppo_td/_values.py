@@ -2,8 +2,9 @@
 
 ``network_values`` runs a TensorDict value network on a ``[*B, T]`` rollout and on its
 ``"next"`` sub-tensordict and returns ``(V(o_t), V(o_{t+1}))`` without writing anything into
-the rollout. TorchRL's ``LSTMModule`` / ``GRUModule`` are evaluated correctly in both modes:
-outside recurrent mode every step runs from the state stored with it; inside
+the rollout. TorchRL's ``LSTMModule`` / ``GRUModule`` and rppo_td's recurrent modules are
+evaluated correctly in both modes: outside recurrent mode every step runs from the state
+stored with it; inside
 ``set_recurrent_mode(True)`` each row runs as a sequence split where ``is_init`` is True, and
 ``"next"`` is split at the root's ``is_init`` too, so it never runs across a reset.
 ``episode_ends`` adds to ``done`` the ends that only ``is_init`` marks.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import nn
-from torchrl.modules import GRUModule, LSTMModule
+from torchrl.modules import GRUModule, LSTMModule, recurrent_mode
 
 from rppo_td._validation import MissingKeyError, check_dtype, get_key
 
@@ -103,13 +104,20 @@ def network_values(
 
 
 def _runs_recurrent(network: object) -> bool:
-    """Whether a TorchRL LSTM/GRU inside ``network`` would run in recurrent mode now."""
+    """Whether a recurrent module inside ``network`` would run in recurrent mode now.
+
+    TorchRL's ``LSTMModule``/``GRUModule`` say so themselves (``recurrent_mode``); a module
+    with ``follows_recurrent_mode`` (rppo_td's ``RecurrentActor``, ``RecurrentCritic`` and
+    ``RecurrentPolicy``) runs in it whenever TorchRL's ``recurrent_mode()`` is set.
+    """
     if not isinstance(network, nn.Module):
         return False
+    on = bool(recurrent_mode())
     return any(
         bool(module.recurrent_mode)
-        for module in network.modules()
         if isinstance(module, (LSTMModule, GRUModule))
+        else on and getattr(module, "follows_recurrent_mode", False) is True
+        for module in network.modules()
     )
 
 

@@ -130,6 +130,10 @@ def _checked(net: RecurrentActorCritic) -> RecurrentActorCritic:
 
 
 class _NetModule(TensorDictModuleBase):
+    #: Runs in recurrent mode whenever TorchRL's ``recurrent_mode()`` is set (there is no
+    #: per-module switch): what ``rppo_td._values`` reads to split ``"next"`` at ``is_init``.
+    follows_recurrent_mode = True
+
     def __init__(
         self, net: RecurrentActorCritic, state_keys: tuple[str, ...], is_init_key: str
     ) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from torchrl.envs import SerialEnv
@@ -22,20 +24,39 @@ from torchrl.modules import (
 )
 
 import rppo_td
+from rppo_td.modules import (
+    RecurrentActorCritic,
+    RecurrentCritic,
+    RecurrentPolicy,
+    recurrent_state_primer,
+)
 from tests.integration._cartpole import actor_critic, collect_once, time_limited_cartpole
 
 W, T, MAX_STEPS, HIDDEN = 2, 48, 20, 16
 GAMMA, LMBDA = 0.99, 0.95
 
 
-@pytest.fixture(scope="module", params=["lstm", "gru"])
+@pytest.fixture(scope="module", params=["lstm", "gru", "rppo_td lstm", "rppo_td gru"])
 def collected(request):
     torch.manual_seed(0)
-    module = LSTMModule if request.param == "lstm" else GRUModule
-    core = module(input_size=4, hidden_size=HIDDEN, in_key="observation", out_key="embed")
-    actor, critic = actor_critic(core, HIDDEN)
+    if request.param.startswith("rppo_td"):
+        # rppo_td's own modules, which follow TorchRL's recurrent_mode() (their "next" was
+        # once run across resets in recurrent mode, silently)
+        net = RecurrentActorCritic(
+            gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+            gym.spaces.Discrete(2),
+            recurrence=request.param.split()[1],
+            hidden_size=HIDDEN,
+        )
+        actor, critic = RecurrentPolicy(net), RecurrentCritic(net)
+        primer = recurrent_state_primer(net)
+    else:
+        module = LSTMModule if request.param == "lstm" else GRUModule
+        core = module(input_size=4, hidden_size=HIDDEN, in_key="observation", out_key="embed")
+        actor, critic = actor_critic(core, HIDDEN)
+        primer = core.make_tensordict_primer()
     env = SerialEnv(W, functools.partial(time_limited_cartpole, MAX_STEPS))
-    env = env.append_transform(core.make_tensordict_primer())
+    env = env.append_transform(primer)
     env.set_seed(0)
     rollout = collect_once(env, actor, W * T)
     assert rollout.batch_size == (W, T)
