@@ -328,6 +328,16 @@ class RecurrentPPOLoss(ClipPPOLoss):
         elif self.normalize_advantage:
             advantage = masked_normalize(advantage, mask, eps=self.normalize_advantage_eps)
 
+        # one key (a composite action's log-probs are a list of keys, or none)
+        key = keys.sample_log_prob
+        one = isinstance(key, str) or (
+            isinstance(key, tuple) and bool(key) and all(isinstance(k, str) for k in key)
+        )
+        stored = tensordict.get(key, None) if one else None
+        if isinstance(stored, torch.Tensor) and stored.shape != advantage.shape[:-1]:
+            # refused before TorchRL subtracts it: [B, Lp, 1] fails there with a broadcast
+            # error naming nothing (B != Lp), or broadcasts to [B, Lp, Lp] (B == Lp)
+            raise _log_prob_shape_error(keys, advantage.shape, list(stored.shape))
         value = None
         if self._shares_trunk():
             # one pass of the shared encoder and core for both heads (not one per network)
@@ -341,12 +351,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         finally:
             self._shared_dist = None
         if isinstance(log_weight, torch.Tensor) and log_weight.shape != advantage.shape:
-            # e.g. a stored [B, Lp, 1] log-prob: it would broadcast against the advantage
-            raise ValueError(
-                f"the log-ratios of {keys.sample_log_prob!r} have shape {list(log_weight.shape)} "
-                f"where {keys.advantage!r}'s {list(advantage.shape)} was expected: "
-                f"{keys.sample_log_prob!r} must hold one log-probability per step, "
-                f"{list(advantage.shape[:-1])}, got {_shape_of(tensordict, keys.sample_log_prob)}"
+            # a log-prob of another form (a composite's) that broadcast against the advantage
+            raise _log_prob_shape_error(
+                keys, advantage.shape, _shape_of(tensordict, keys.sample_log_prob)
             )
         # a zero log-ratio on padding: exp() of garbage can overflow, and inf * 0 is NaN
         log_weight = _where(mask, log_weight, 0.0)
@@ -600,6 +607,14 @@ def _check_advantage(key: NestedKey, advantage: torch.Tensor, batch: torch.Size)
             f"{key!r} must have shape [*batch, 1] = {[*batch, 1]} (one value per step), "
             f"got {list(shape)}"
         )
+
+
+def _log_prob_shape_error(keys: Any, advantage: torch.Size, got: Any) -> ValueError:
+    """The stored log-probabilities do not have one entry per step of ``advantage``."""
+    return ValueError(
+        f"{keys.sample_log_prob!r} must hold one log-probability per step, "
+        f"{list(advantage[:-1])} (as {keys.advantage!r} {list(advantage)}), got {got}"
+    )
 
 
 def _shape_of(tensordict: TensorDictBase, key: NestedKey) -> Any:

@@ -245,10 +245,11 @@ def test_refusals():
 
 def test_advantage_and_log_prob_shapes_that_would_broadcast_are_refused():
     """A [B, Lp] advantage (or a [B, Lp, 1] log-prob) broadcasts against the [B, Lp, 1]
-    log-ratios into a [B, Lp, Lp] loss when B == Lp or B == 1: refused by name, not computed."""
+    log-ratios into a [B, Lp, Lp] loss when B == Lp or B == 1: refused by name, not computed;
+    for other B the log-prob once failed inside TorchRL with a broadcast error naming nothing."""
     agent = make_agent("lstm")
     loss = _loss(agent)
-    for rows in (1, 4):  # one sequence; as many sequences as positions (Lp = 4)
+    for rows in (1, 3, 4):  # one sequence; fewer; as many sequences as positions (Lp = 4)
         batch = _padded(agent)[:rows]
         assert batch.batch_size[1] == 4
         bad = batch.clone().set("advantage", batch["advantage"].squeeze(-1))
