@@ -13,6 +13,7 @@ from torchrl.objectives.value import ValueEstimatorBase
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import (
     check_not_padded,
+    check_not_split_trajs,
     check_unit_interval,
     check_value_network,
     get_key,
@@ -181,6 +182,7 @@ class GAEEstimator(ValueEstimatorBase):
                 f"{list(tensordict.batch_size)}"
             )
         check_not_padded(tensordict, keys.loss_mask, "GAEEstimator")
+        check_not_split_trajs(tensordict, "GAEEstimator")
         if tensordict.get(keys.steps_to_next_obs, None) is not None:
             raise ValueError(
                 f"GAEEstimator does not support multi-step returns ({keys.steps_to_next_obs!r} "

@@ -24,6 +24,7 @@ from torchrl.modules import LSTMModule, OneHotCategorical, ProbabilisticActor
 from rppo_td import (
     GAE,
     EpisodeSplitter,
+    GAEEstimator,
     SequenceChunker,
     SequencePadder,
     SequenceReplaySampler,
@@ -185,6 +186,8 @@ def test_split_trajs_output_is_refused(collected):
     split = split_trajectories(rollout.clone())
     mask = split["collector", "mask"]
     assert int(mask.sum()) == NUM_WORKERS * STEPS < mask.numel()  # padding it would count
-    for transform in (GAE(gamma=0.99, lmbda=0.95), EpisodeSplitter()):
+    # the estimator too (RecurrentPPOLoss's own GAE): it once ran on the padding silently
+    estimator = GAEEstimator(gamma=0.99, lmbda=0.95, value_network=None)
+    for transform in (GAE(gamma=0.99, lmbda=0.95), EpisodeSplitter(), estimator):
         with pytest.raises(ValueError, match=r"split_trajs=True.*split_trajs=False"):
             transform(split.clone())
