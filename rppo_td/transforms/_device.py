@@ -100,8 +100,17 @@ class DeviceMover(RolloutTransform):
 
 
 def _check_available(device: torch.device) -> None:
-    """Raises a ``ValueError`` for a CUDA device this machine does not have."""
+    """Raises a ``ValueError`` for a device this machine does not have (CUDA, MPS, ...)."""
+    if device.type in ("cpu", "meta"):
+        return
     if device.type != "cuda":
+        # no availability call common to every backend: an empty tensor there tells
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, AssertionError, NotImplementedError) as err:
+            # the first sentence: torch's dispatcher lists every backend after it
+            reason = (str(err).splitlines() or [type(err).__name__])[0].split(". ")[0]
+            raise ValueError(f"device {str(device)!r} is not available: {reason}") from err
         return
     if not torch.cuda.is_available():
         raise ValueError(

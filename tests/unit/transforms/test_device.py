@@ -73,3 +73,16 @@ def test_padded_sequences_stay_lazy_where_nothing_moves(keys, device):
     assert len(pending) == len(list(raw_leaves(padded))) - 4 - len(moved)  # the ids are not
     assert out.device == (torch.device("cpu") if keys is None else padded.device)
     assert (out == expected).all() and out.batch_size == expected.batch_size
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu"])
+def test_a_device_this_machine_lacks_is_refused_when_built(device):
+    # only CUDA was checked: an MPS mover built fine and failed at its first call
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError):
+        pass
+    else:
+        pytest.skip(f"this machine has {device}")
+    with pytest.raises(ValueError, match=f"device '{device}' is not available: "):
+        DeviceMover(device)
