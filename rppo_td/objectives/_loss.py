@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
@@ -113,6 +116,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
             ``functional``, ``delay_actor``, ``advantage_norm``, ...), except
             ``normalize_advantage_exclude_dims``.
 
+    Raises:
+        ValueError: at construction, naming the option: ``clip_epsilon`` not a finite
+            number > 0, ``clip_value`` neither None, a bool nor a finite number > 0,
+            ``critic_coeff`` neither None nor a finite number >= 0, an ``entropy_coeff``
+            (or a value of its mapping) that is not a finite number (TorchRL's loss takes
+            each of these and trains on, its clip range inverted or NaN).
+
     Example:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -177,6 +187,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                     "sequences before each epoch"
                 )
             raise TypeError(f"RecurrentPPOLoss got unexpected keyword arguments {unknown}{hint}")
+        _check_coefficients(clip_epsilon, entropy_coeff, critic_coeff, clip_value)
         if kwargs.get("normalize_advantage_exclude_dims"):
             raise ValueError(
                 "RecurrentPPOLoss normalises the advantage over all real steps; "
@@ -606,6 +617,39 @@ def _check_advantage(key: NestedKey, advantage: torch.Tensor, batch: torch.Size)
         raise ValueError(
             f"{key!r} must have shape [*batch, 1] = {[*batch, 1]} (one value per step), "
             f"got {list(shape)}"
+        )
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    """A real number (not a bool) that is finite."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_coefficients(
+    clip_epsilon: object, entropy_coeff: object, critic_coeff: object, clip_value: object
+) -> None:
+    """Refuses by name the values TorchRL's ``ClipPPOLoss`` would take and misuse.
+
+    A ``clip_epsilon`` or ``clip_value`` of 0 or less inverts or empties the clip range, and
+    NaN passes every comparison: each would train on without an error.
+    """
+    if not (_finite(clip_epsilon) and clip_epsilon > 0):
+        raise ValueError(f"clip_epsilon must be a finite number > 0, got {clip_epsilon!r}")
+    if not (
+        clip_value is None
+        or isinstance(clip_value, bool)
+        or (_finite(clip_value) and clip_value > 0)
+    ):
+        raise ValueError(
+            f"clip_value must be None, True, False or a finite number > 0, got {clip_value!r}"
+        )
+    if critic_coeff is not None and not (_finite(critic_coeff) and critic_coeff >= 0):
+        raise ValueError(f"critic_coeff must be None or a finite number >= 0, got {critic_coeff!r}")
+    entropy = entropy_coeff.values() if isinstance(entropy_coeff, Mapping) else [entropy_coeff]
+    if not all(_finite(value) for value in entropy):
+        raise ValueError(
+            "entropy_coeff must be a finite number (or a mapping of head keys to them), got "
+            f"{entropy_coeff!r}"
         )
 
 

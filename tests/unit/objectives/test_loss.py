@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -241,6 +242,32 @@ def test_refusals():
         _loss(agent, normalize_advantage_exclude_dims=(-1,))
     with pytest.raises(KeyError, match="value_target"):
         _loss(agent)(_padded(agent).exclude("value_target"))
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("clip_epsilon", 0.0, "clip_epsilon must be a finite number > 0, got 0.0"),
+        ("clip_epsilon", -0.2, "clip_epsilon must be a finite number > 0, got -0.2"),
+        ("clip_epsilon", float("nan"), "clip_epsilon must be a finite number > 0, got nan"),
+        ("clip_epsilon", True, "clip_epsilon must be a finite number > 0, got True"),
+        ("clip_value", -0.1, "clip_value must be None, True, False or a finite number > 0"),
+        ("clip_value", float("inf"), "clip_value must be None, True, False or a finite"),
+        ("critic_coeff", -1.0, "critic_coeff must be None or a finite number >= 0, got -1.0"),
+        ("critic_coeff", float("nan"), "critic_coeff must be None or a finite number >= 0"),
+        ("entropy_coeff", float("nan"), "entropy_coeff must be a finite number"),
+        ("entropy_coeff", {"action": float("inf")}, "entropy_coeff must be a finite number"),
+    ],
+)
+def test_coefficients_torchrl_would_misuse_are_refused_by_name(option, value, message):
+    # TorchRL's ClipPPOLoss took each of these and trained on (clip range inverted or NaN)
+    agent = make_agent("lstm")
+    kwargs = {"clip_epsilon": CLIP, "entropy_coeff": ENTROPY, "critic_coeff": CRITIC}
+    kwargs[option] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RecurrentPPOLoss(agent.actor, agent.critic, **kwargs)
+    for fine in ({"clip_value": True}, {"clip_value": 0.5}, {"critic_coeff": None}):
+        RecurrentPPOLoss(agent.actor, agent.critic, **fine)
 
 
 def test_advantage_and_log_prob_shapes_that_would_broadcast_are_refused():
