@@ -5,9 +5,10 @@
 each call it tests the types of the results with a short chain of cheap checks (exact, slow
 checks run only when one fails) and turns an exception raised by the env into one
 ``EnvError`` naming the env. Observations (form and values) are checked on every call when
-the env is used alone; inside a vector env only an episode's final one is, and
-``CheckedVectorEnv`` checks the batch (``observation_problem`` works on one observation and
-on a batch alike).
+the env is used alone; inside a vector env only an episode's final one is (where the env
+itself ends it: a time limit's cut is above this wrapper), and ``CheckedVectorEnv`` checks the
+batch and every episode's final observation (``observation_problem`` works on one
+observation and on a batch alike).
 """
 
 from __future__ import annotations
