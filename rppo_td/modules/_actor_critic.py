@@ -13,7 +13,12 @@ from torch import nn
 from rppo_td.modules._encoders import ObservationEncoder
 from rppo_td.modules._heads import make_action_head
 from rppo_td.modules._normalizer import ObservationNormalizer
-from rppo_td.modules._spaces import ImageLayout, check_image_layout, observation_leaves
+from rppo_td.modules._spaces import (
+    ImageLayout,
+    check_image_layout,
+    is_image,
+    observation_leaves,
+)
 
 __all__ = ["RecurrentActorCritic", "Recurrence"]
 
@@ -300,6 +305,13 @@ class RecurrentActorCritic(nn.Module):
         self.shared_critic = shared_critic
         self.action_space = action_space
         self.leaves = observation_leaves(observation_space)
+        # (key, shape, image) of each Box leaf, whose shape and (for images) dtype normalize()
+        # checks: a wrong shape would broadcast against the normaliser's statistics silently
+        self._box_leaves = [
+            (key, tuple(space.shape), is_image(space))
+            for key, space in self.leaves
+            if isinstance(space, gym.spaces.Box)
+        ]
         self.normalizer = (
             ObservationNormalizer(self.leaves, center=center_observations)
             if normalize_observations
@@ -349,7 +361,31 @@ class RecurrentActorCritic(nn.Module):
         return (self.num_layers, self.hidden_size)
 
     def normalize(self, obs: TensorDictBase) -> TensorDictBase:
-        """The observations normalised by the running statistics (unchanged without)."""
+        """The observations normalised by the running statistics (unchanged without).
+
+        Every raw observation enters through here, so here a ``Box`` leaf of another shape
+        than ``[*B, *space.shape]`` is refused (it could broadcast against the statistics
+        and give features of the right width from the wrong data), and an image leaf that
+        is not ``uint8`` (the encoder divides by 255).
+
+        Raises:
+            ValueError: naming the key, the expected and the actual shape or dtype.
+        """
+        lead = obs.batch_dims
+        for key, shape, image in self._box_leaves:
+            value = obs.get(key, None)
+            if not isinstance(value, torch.Tensor):
+                continue  # a missing leaf is named where it is read
+            if tuple(value.shape[lead:]) != shape:
+                raise ValueError(
+                    f"observation {key!r} must have the space's shape {list(shape)} after its "
+                    f"batch dims, got {list(value.shape[lead:])}"
+                )
+            if image and value.dtype != torch.uint8:
+                raise ValueError(
+                    f"image observation {key!r} must be uint8 (the encoder divides by 255), "
+                    f"got {value.dtype}"
+                )
         return obs if self.normalizer is None else self.normalizer(obs)
 
     def policy(

@@ -100,8 +100,9 @@ class _Inputs:
             else:
                 self.state = tuple(s[:, 0] for s in stored)
         elif stored:
-            keep = (~is_init).view(n, 1, 1).to(stored[0].dtype)
-            self.state = tuple(s * keep for s in stored)
+            # where, not a product: a NaN or inf stored state is zeroed at a reset too
+            reset = is_init.view(n, 1, 1)
+            self.state = tuple(torch.where(reset, 0.0, s) for s in stored)
         else:
             self.state = ()
 

@@ -79,7 +79,9 @@ class ObservationNormalizer(nn.Module):
             self.register_buffer(f"shift_{i}", torch.zeros(shape), persistent=False)
             self.register_buffer(f"scale_{i}", torch.ones(shape), persistent=False)
         self._refresh()
-        self.register_load_state_dict_post_hook(lambda module, _: module._refresh())
+        # a module-level function, not a lambda: the module stays picklable (torch.save of
+        # the agent, TorchRL's multi-process collectors)
+        self.register_load_state_dict_post_hook(_refresh_after_load)
 
     @torch.no_grad()
     def _refresh(self) -> None:
@@ -108,6 +110,9 @@ class ObservationNormalizer(nn.Module):
         """Merges the statistics of ``obs`` (any batch) into the running ones (Chan et al.)."""
         if not self.keys:
             return
+        first = self.keys[0]
+        if obs.get(first).numel() == 0:
+            return  # no observation: nothing to merge (the mean of none is NaN)
         n = 0
         for i, key in enumerate(self.keys):
             x = obs.get(key).reshape(-1, *self.shapes[key]).to(torch.float64)
@@ -122,3 +127,8 @@ class ObservationNormalizer(nn.Module):
             var.copy_(m2 / total)
         self.count += n
         self._refresh()
+
+
+def _refresh_after_load(module: ObservationNormalizer, incompatible_keys: object) -> None:
+    """``load_state_dict``'s post hook: the float32 shift and scale from the loaded statistics."""
+    module._refresh()

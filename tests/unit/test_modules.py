@@ -629,3 +629,62 @@ def test_a_subclass_that_changes_the_dist_or_the_value_does_not_share_the_trunk(
     assert not RecurrentActor(net).shares_trunk_with(ScaledCritic(net))
     assert not TemperedActor(net).shares_trunk_with(RecurrentCritic(net))
     assert not RecurrentActor(net).shares_trunk_with(RecurrentCritic(net, is_init_key="init"))
+
+
+def test_a_normalising_agent_pickles():
+    # its load hook was a lambda: torch.save(net) and TorchRL's multi-process collectors failed
+    import pickle
+
+    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    assert net.normalizer is not None
+    net.normalizer.update(TensorDict({"observation": torch.randn(16, 3)}, [16]))
+    copy = pickle.loads(pickle.dumps(net))
+    torch.testing.assert_close(copy.state_dict(), net.state_dict())
+
+
+def test_an_empty_normaliser_update_changes_nothing():
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    norm = ObservationNormalizer(observation_leaves(BOX), center=True)
+    norm.update(TensorDict({"observation": torch.empty(0, 3)}, [0]))  # once 0 / 0: NaN
+    batch = TensorDict({"observation": torch.randn(32, 3)}, [32])
+    norm.update(batch)
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    norm.update(TensorDict({"observation": torch.empty(0, 3)}, [0]))
+    for key, value in norm.state_dict().items():
+        torch.testing.assert_close(value, before[key])
+    assert torch.isfinite(norm(batch)["observation"]).all()
+
+
+def test_a_reset_zeroes_even_a_nan_stored_state():
+    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    td = TensorDict(
+        {
+            "observation": torch.randn(3, 3),
+            "is_init": torch.ones(3, 1, dtype=torch.bool),
+            "recurrent_state_h": torch.full((3, 1, 4), float("nan")),
+            "recurrent_state_c": torch.full((3, 1, 4), float("inf")),
+        },
+        [3],
+    )
+    zero = td.clone()
+    zero["recurrent_state_h"].zero_()
+    zero["recurrent_state_c"].zero_()
+    critic = RecurrentCritic(net)
+    torch.testing.assert_close(critic(td)["state_value"], critic(zero)["state_value"])
+
+
+def test_observations_of_another_shape_or_an_image_not_uint8_are_refused():
+    # a [B, 1] observation of a Box(3) space broadcast against the statistics, silently
+    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    td = TensorDict({"observation": torch.randn(5, 1), "is_init": torch.ones(5, 1).bool()}, [5])
+    with pytest.raises(ValueError, match=r"'observation' must have the space's shape \[3\]"):
+        RecurrentCritic(net)(td)
+    image = gym.spaces.Box(0, 255, (8, 8, 3), dtype=np.uint8)
+    net = RecurrentActorCritic(image, gym.spaces.Discrete(2), hidden_size=4)
+    floats = TensorDict(
+        {"observation": torch.rand(2, 8, 8, 3), "is_init": torch.ones(2, 1).bool()}, [2]
+    )
+    with pytest.raises(ValueError, match="image observation 'observation' must be uint8"):
+        RecurrentCritic(net)(floats)
+    RecurrentCritic(net)(floats.set("observation", floats["observation"].mul(255).to(torch.uint8)))
