@@ -659,19 +659,17 @@ def test_an_empty_normaliser_update_changes_nothing():
 def test_a_reset_zeroes_even_a_nan_stored_state():
     net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
     td = TensorDict(
-        {
-            "observation": torch.randn(3, 3),
-            "is_init": torch.ones(3, 1, dtype=torch.bool),
-            "recurrent_state_h": torch.full((3, 1, 4), float("nan")),
-            "recurrent_state_c": torch.full((3, 1, 4), float("inf")),
-        },
-        [3],
+        {"observation": torch.randn(3, 3), "is_init": torch.ones(3, 1, dtype=torch.bool)}, [3]
     )
     zero = td.clone()
-    zero["recurrent_state_h"].zero_()
-    zero["recurrent_state_c"].zero_()
-    critic = RecurrentCritic(net)
-    torch.testing.assert_close(critic(td)["state_value"], critic(zero)["state_value"])
+    for i, key in enumerate(net.state_keys):  # the actor's and the critic's
+        td.set(key, torch.full((3, *net.state_shape), float("nan") if i % 2 else float("inf")))
+        zero.set(key, torch.zeros(3, *net.state_shape))
+    policy = RecurrentPolicy(net)
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        out, ref = policy(td.clone()), policy(zero.clone())
+    for key in ("state_value", "action_log_prob"):
+        torch.testing.assert_close(out[key], ref[key])
 
 
 def test_observations_of_another_shape_or_an_image_not_uint8_are_refused():
