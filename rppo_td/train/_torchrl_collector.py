@@ -89,7 +89,7 @@ def make_torchrl_env(
         transforms.append(recurrent_state_primer(net))
     if batching == "vector":
         vector = gym.vector.SyncVectorEnv(
-            [functools.partial(make_env, name)] * num_workers,
+            [functools.partial(_acting_env, name)] * num_workers,
             autoreset_mode=gym.vector.AutoresetMode.DISABLED,
         )
         base: GymWrapper | SerialEnv = GymWrapper(
@@ -100,8 +100,21 @@ def make_torchrl_env(
     return TransformedEnv(base, Compose(*transforms))
 
 
+def _acting_env(name: str) -> gym.Env:
+    """``make_env(name)``, its ``Box`` actions clipped into the space on the way in.
+
+    The policy's Gaussian samples are not bounded; as ``VectorCollector`` and the evaluation
+    do, the env gets them clipped while the rollout keeps the sampled action, whose
+    log-probability the loss compares.
+    """
+    env = make_env(name)
+    if isinstance(env.action_space, gym.spaces.Box):
+        return gym.wrappers.ClipAction(env)
+    return env
+
+
 def _wrapped_env(name: str) -> GymWrapper:
-    return GymWrapper(make_env(name), categorical_action_encoding=True, device="cpu")
+    return GymWrapper(_acting_env(name), categorical_action_encoding=True, device="cpu")
 
 
 class TorchRLCollector(BaseCollector):

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDictBase
@@ -298,3 +299,47 @@ def test_rollouts_are_built_on_the_device():
         assert td[key].device.type == "cuda", key
     out = GAE(gamma=0.99, lmbda=0.95, value_network=RecurrentCritic(net))(td)
     assert out["advantage"].device.type == "cuda"
+
+
+class _UnclippedBox(gym.Env):
+    """Box actions in [-0.1, 0.1] that the env does not clip: it records what it gets."""
+
+    seen: list[float] = []  # noqa: RUF012 (one list for the test)
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-0.1, 0.1, (1,), dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        _UnclippedBox.seen.append(float(np.asarray(action).reshape(-1)[0]))
+        self.t += 1
+        return np.zeros(2, np.float32), 0.0, False, self.t >= 10, {}
+
+
+@pytest.mark.parametrize("batching", ["vector", "serial"])
+def test_box_actions_reach_the_env_clipped_and_are_stored_as_sampled(batching):
+    # the vector collector clipped them; this collector sent the Gaussian samples (+-2)
+    env_id = "rppo_td_test/UnclippedBox-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=_UnclippedBox)
+    space = _UnclippedBox()
+    net = RecurrentActorCritic(space.observation_space, space.action_space, hidden_size=4)
+    policy = TensorDictSequential(RecurrentActor(net), RecurrentCritic(net))
+    _UnclippedBox.seen.clear()
+    collector = TorchRLCollector(
+        env_id, net, policy, num_workers=2, rollout_steps=20, seed=0, batching=batching
+    )
+    try:
+        rollout = collector.rollout()
+    finally:
+        collector.shutdown()
+    seen = np.array(_UnclippedBox.seen)
+    low, high = np.float32(-0.1), np.float32(0.1)  # the space's float32 bounds
+    assert len(seen) == 40 and seen.min() >= low and seen.max() <= high
+    stored = rollout["action"]
+    assert bool((stored.abs() > 0.1).any())  # the samples, whose log-probs the loss compares
