@@ -352,6 +352,7 @@ class Trainer:
                 f"builds ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
             ) from None
         self.counters = dict(checkpoint["counters"])
+        self._check_ranks(self.counters)
         self.recent.extend(checkpoint["recent_returns"])
         self.recent_lengths.extend(checkpoint["recent_lengths"])
         log.info(
@@ -359,6 +360,27 @@ class Trainer:
             self.directory,
             self.counters["update"],
             self.counters["env_steps"],
+        )
+
+    def _check_ranks(self, counters: dict[str, Any]) -> None:
+        """Refuses a resume on another number of ranks than the checkpoint's run had.
+
+        Each update collects ``num_workers * rollout_steps`` steps per rank, so the ranks
+        that wrote the checkpoint are its env steps over its updates: the budget
+        (``total_steps``, all ranks together), the annealing and the env copies (each rank
+        its own) all assume the same count, and another would silently miss or overshoot
+        the budget.
+        """
+        done, steps = int(counters["update"]), int(counters["env_steps"])
+        per_rank = self.config.steps_per_update
+        if done < 1 or steps == done * per_rank * self.ranks.world_size:
+            return
+        saved = steps / (done * per_rank)
+        ranks = f"{saved:g}" if saved != int(saved) else str(int(saved))
+        raise ValueError(
+            f"the checkpoint in {str(self.directory)!r} was written by a run of {ranks} "
+            f"rank(s) ({steps} env steps in {done} updates of {per_rank} steps a rank); this "
+            f"run has {self.ranks.world_size}: resume it on as many ranks as it started with"
         )
 
     def save(self) -> Path:

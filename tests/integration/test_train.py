@@ -259,6 +259,22 @@ def test_resume_without_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
 
 
+def test_a_resume_on_another_number_of_ranks_is_refused(tmp_path, capsys):
+    # the budget is all ranks' steps: a 2-rank run resumed on one overshot it (and one
+    # resumed on 2 ranks stopped at half), silently
+    trainer, _ = _run(tmp_path, total_steps=512)
+    trainer.run()
+    trainer.release()
+    path = tmp_path / "run" / "checkpoint.pt"
+    data = torch.load(path, weights_only=True)
+    data["counters"]["env_steps"] *= 2  # as a run of 2 ranks writes it
+    torch.save(data, path)
+    assert main(["--resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "was written by a run of 2 rank(s) (1024 env steps in 8 updates of 64 steps" in err
+    assert "this run has 1: resume it on as many ranks as it started with" in err
+
+
 @pytest.mark.parametrize("name", sorted(set(FAKE_ENVS) - {"AmbiguousImage"}))
 def test_other_spaces_train(tmp_path, name):
     trainer, _ = _run(tmp_path, env=f"rppo_td_test/{name}-v0", recurrence="gru")
