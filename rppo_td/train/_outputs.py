@@ -147,15 +147,26 @@ def _truncate_rows(path: Path, last_update: int) -> None:
     A file of an earlier version's columns is rewritten under today's header too (a column
     it lacks is left empty in its rows), so that the rows a resumed run appends line up.
     """
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        header = tuple(reader.fieldnames or ())
-    kept = [r for r in rows if r.get("update", "").isdigit() and int(r["update"]) <= last_update]
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            header = tuple(reader.fieldnames or ())
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ValueError(
+            f"{str(path)!r} cannot be read as the run's CSV log ({err}); move it away to "
+            "resume without the earlier rows, or repair it"
+        ) from None
+    whole = [r for r in rows if (r.get("update") or "").isdigit()]
+    kept = [r for r in whole if int(r["update"]) <= last_update]
     if len(kept) == len(rows) and header == METRIC_FIELDS:
         return
-    if len(kept) < len(rows):
-        log.info("metrics.csv: dropping %d rows logged after the checkpoint", len(rows) - len(kept))
+    if len(whole) < len(rows):
+        log.warning("metrics.csv: dropping %d malformed rows", len(rows) - len(whole))
+    if len(kept) < len(whole):
+        log.info(
+            "metrics.csv: dropping %d rows logged after the checkpoint", len(whole) - len(kept)
+        )
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS, extrasaction="ignore")

@@ -140,3 +140,24 @@ def test_a_resumed_metrics_file_of_an_earlier_version_gets_todays_columns(tmp_pa
     assert all(r["epochs"] == "" and r["kl_approx"] == r["update"] for r in rows)
     _truncate_rows(path, last_update=2)  # nothing to drop, today's header: left alone
     assert path.read_text().count("\n") == 3
+
+
+def test_a_metrics_file_that_is_not_text_is_named_and_malformed_rows_counted_apart(
+    tmp_path, caplog
+):
+    path = tmp_path / "metrics.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        writer.writeheader()
+        for update in (1, 2, 3, 4):
+            writer.writerow({name: update for name in METRIC_FIELDS})
+    lines = path.read_text().splitlines(keepends=True)
+    lines[2] = "garbage,\n"  # update 2's row, mid-file
+    path.write_text("".join(lines))
+    with caplog.at_level("INFO"):
+        _truncate_rows(path, last_update=3)
+    assert "dropping 1 malformed rows" in caplog.text
+    assert "dropping 1 rows logged after the checkpoint" in caplog.text  # update 4 only
+    path.write_bytes(path.read_bytes() + b"\xb1\xff\x00")
+    with pytest.raises(ValueError, match=r"metrics.csv' cannot be read as the run's CSV log"):
+        _truncate_rows(path, last_update=3)
