@@ -201,7 +201,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                 f"{where} is not an rppo_td checkpoint: it holds objects other than tensors "
                 "and plain data, refused without unpickling them"
             ) from None
-        detail = text.splitlines()[0][:200] if text else type(err).__name__
+        # torch's first sentence (the rest guesses at causes and runs on)
+        detail = text.splitlines()[0].split(". ")[0][:200] if text else type(err).__name__
         raise CheckpointError(
             f"{where} is not a readable rppo_td checkpoint (truncated or corrupt: {detail})"
         ) from None

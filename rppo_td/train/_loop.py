@@ -20,6 +20,7 @@ from tqdm import tqdm
 from rppo_td.envs import make_vector_env
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
 from rppo_td.train._checkpoint import (
+    CheckpointError,
     check_resumable,
     checkpoint_file,
     load_checkpoint,
@@ -636,7 +637,16 @@ def _resumed_config(
             f"no checkpoint at {str(file)!r}: the run there stopped before its first "
             "checkpoint; start it afresh with --overwrite"
         )
-    checkpoint = load_checkpoint(file)
+    try:
+        checkpoint = load_checkpoint(file)
+    except CheckpointError as err:
+        if not file.is_file():
+            raise
+        # what is left to do: a damaged checkpoint cannot be resumed from
+        raise CheckpointError(
+            f"{err}; it cannot be resumed from: put back a good copy, or start the run "
+            "again with --overwrite (which replaces its files)"
+        ) from None
     saved = TrainConfig.from_dict(checkpoint["config"], where=f"the config in {str(file)!r}")
     given = {**(given or {}), "resume": config.resume}
     if "output" in given and Path(given["output"]).resolve() != run_directory.resolve():

@@ -259,6 +259,19 @@ def test_resume_without_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
 
 
+def test_a_damaged_checkpoint_says_what_to_do(tmp_path, capsys):
+    trainer, _ = _run(tmp_path)
+    trainer.run()
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[:1000])  # truncated
+    assert main(["--resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        "failed finding central directory); it cannot be resumed from: put back a good copy, "
+        "or start the run again with --overwrite (which replaces its files)"
+    ), err  # torch's first sentence, not its cut-off guesses
+
+
 def test_a_resume_on_another_number_of_ranks_is_refused(tmp_path, capsys):
     # the budget is all ranks' steps: a 2-rank run resumed on one overshot it (and one
     # resumed on 2 ranks stopped at half), silently
