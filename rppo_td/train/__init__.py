@@ -112,11 +112,40 @@ def _main(argv: list[str] | None) -> int:
     except OSError as err:  # the run's log names the checkpoint that is kept
         _error(f"cannot write the run's files in {str(trainer.directory)!r}: {err}")
         return 1
+    except RuntimeError as err:
+        if not (trainer.ranks.distributed and _peer_lost(err)):
+            raise
+        # another rank stopped (its env failed, say) and this one's collective broke off:
+        # that rank's own message says why; a torch traceback here would bury it
+        _error(
+            f"rank {trainer.ranks.rank} lost the other ranks ({_first_line(err)}): another "
+            "rank stopped, and its own message says why; the last checkpoint is kept"
+        )
+        return 1
     if summary is None:
         return 130
     if trainer.ranks.main:
         print(json_text({k: summary[k] for k in SUMMARY_KEYS}))  # noqa: T201
     return 0
+
+
+# what gloo and NCCL say when a peer's process has gone
+_PEER_LOST = ("closed by peer", "reset by peer", "Connection closed", "Broken pipe", "aborted")
+
+
+def _peer_lost(err: RuntimeError) -> bool:
+    """Whether ``err`` is a collective's failure because another rank's process went away."""
+    import torch.distributed as dist
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err)
+    return any(part in text for part in _PEER_LOST)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def _thread_error(args: threading.ExceptHookArgs) -> None:

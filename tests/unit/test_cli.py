@@ -236,3 +236,28 @@ def test_renamed_settings_are_read_under_their_old_names(tmp_path, caplog):
     assert TrainConfig.from_dict({"gae_lambda": 0.5}).lmbda == 0.5
     with pytest.raises(ValueError, match="'gae_lambda' is the old name of 'lmbda'"):
         TrainConfig.from_dict({"gae_lambda": 0.5, "lmbda": 0.5})
+
+
+def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys):
+    # rank 0 of a 2-rank run whose rank 1 stopped (its env failed) printed gloo's traceback
+    import types
+
+    import rppo_td.train as train
+
+    class Broken:
+        ranks = types.SimpleNamespace(distributed=True, rank=0, main=True)
+
+        def __init__(self, config, given=None):
+            pass
+
+        def run(self):
+            raise RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+
+    monkeypatch.setattr(train, "Trainer", Broken)
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rppo-train: error: rank 0 lost the other ranks ([../gloo/"), err
+    assert "its own message says why; the last checkpoint is kept" in err
+    Broken.ranks = types.SimpleNamespace(distributed=False, rank=0, main=True)
+    with pytest.raises(RuntimeError, match="closed by peer"):  # one process: not ours to hide
+        train.main(["--preset", "smoke", "--no-progress"])
