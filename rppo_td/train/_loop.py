@@ -523,6 +523,7 @@ class Trainer:
         )
         stopped = False
         saved_update = self.counters["update"]
+        saving: int | None = None  # the update whose checkpoint is being written
         try:
             with _StopFlag() as stop:
                 while self.counters["update"] < self.num_updates:
@@ -541,26 +542,34 @@ class Trainer:
                         stopped = any_rank(stopped, self.device)
                     if stopped or done % c.checkpoint_every == 0 or done == self.num_updates:
                         stop.saving = True
+                        saving = done
                         if main:
                             self.save()
-                        saved_update = done
+                        saved_update, saving = done, None
                         stop.saved()
                     if stopped:
                         break
         except BaseException:
+            # the update trained or being trained when it stopped: the checkpoint of a
+            # finished update may be what failed (a full disk)
+            during = (
+                f"while saving the checkpoint of update {saving}"
+                if saving is not None
+                else f"during update {self.counters['update'] + 1}"
+            )
             if saved_update:
                 log.error(
-                    "the run stopped during update %d; the last checkpoint (update %d) is "
-                    "kept: continue with --resume %s",
-                    self.counters["update"] + 1,
+                    "the run stopped %s; the last checkpoint (update %d) is kept: continue "
+                    "with --resume %s",
+                    during,
                     saved_update,
                     self.directory,
                 )
             else:
                 log.error(
-                    "the run stopped during update %d, before its first checkpoint: start "
-                    "it again with --overwrite",
-                    self.counters["update"] + 1,
+                    "the run stopped %s, before its first checkpoint: start it again with "
+                    "--overwrite",
+                    during,
                 )
             raise
         finally:

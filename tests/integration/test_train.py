@@ -259,6 +259,27 @@ def test_resume_without_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
 
 
+def test_a_failed_save_names_the_update_it_was_saving(tmp_path, monkeypatch, caplog):
+    # a full disk while saving update 4's checkpoint was reported as "during update 5"
+    trainer, _ = _run(tmp_path)
+    real_save, calls = trainer.save, []
+
+    def save():
+        calls.append(trainer.counters["update"])
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real_save()
+
+    monkeypatch.setattr(trainer, "save", save)
+    with pytest.raises(OSError), caplog.at_level("ERROR"):
+        trainer.run()
+    assert calls == [2, 4]
+    assert (
+        "the run stopped while saving the checkpoint of update 4; the last checkpoint "
+        "(update 2) is kept" in caplog.text
+    )
+
+
 def test_a_damaged_checkpoint_says_what_to_do(tmp_path, capsys):
     trainer, _ = _run(tmp_path)
     trainer.run()
