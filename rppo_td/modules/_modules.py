@@ -50,10 +50,10 @@ class _Inputs:
         self.recurrent = bool(recurrent_mode())
         batch = tuple(tensordict.batch_size)
         if self.recurrent:
-            if not batch:
+            if not batch or batch[-1] == 0:
                 raise ValueError(
-                    f"{type(module).__name__} in recurrent mode needs a time dimension (the "
-                    "last batch dimension); got a tensordict with batch size []"
+                    f"{type(module).__name__} in recurrent mode needs a time dimension of at "
+                    f"least one step (the last batch dimension); got batch size {list(batch)}"
                 )
             n, length = math.prod(batch[:-1]), batch[-1]
         else:

@@ -686,3 +686,14 @@ def test_observations_of_another_shape_or_an_image_not_uint8_are_refused():
     with pytest.raises(ValueError, match="image observation 'observation' must be uint8"):
         RecurrentCritic(net)(floats)
     RecurrentCritic(net)(floats.set("observation", floats["observation"].mul(255).to(torch.uint8)))
+
+
+@pytest.mark.parametrize("batch", [[], [3, 0]])
+def test_recurrent_mode_without_a_step_is_refused_by_name(batch):
+    # [3, 0] once failed with an IndexError from inside the module
+    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    td = TensorDict(
+        {"observation": torch.zeros(*batch, 3), "is_init": torch.zeros(*batch, 1).bool()}, batch
+    )
+    with set_recurrent_mode(True), pytest.raises(ValueError, match="at least one step"):
+        RecurrentCritic(net)(td)
