@@ -286,6 +286,23 @@ def check_int_at_least(name: str, value: object, low: int) -> None:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
 
 
+def first_line(err: BaseException, *, limit: int | None = None, sentence: bool = False) -> str:
+    """The first line of ``err``'s message, or its type's name when it has none.
+
+    For one-line errors: torch's, ffmpeg's and gloo's messages run on for lines.
+
+    ``sentence`` keeps that line's first sentence only (torch's dispatcher and loaders follow it
+    with guesses and lists); ``limit`` cuts it to that many characters.
+    """
+    text = str(err).strip()
+    if not text:
+        return type(err).__name__
+    line = text.splitlines()[0]
+    if sentence:
+        line = line.split(". ")[0]
+    return line if limit is None else line[:limit]
+
+
 def check_unit_interval(name: str, value: object) -> None:
     """Raises a ``ValueError`` unless ``value`` is a real number with ``0 <= value <= 1``.
 

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 
+from rppo_td._validation import first_line
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._evaluate import evaluate_agent, load_agent
@@ -117,9 +118,10 @@ def _main(argv: list[str] | None) -> int:
             raise
         # another rank stopped (its env failed, say) and this one's collective broke off:
         # that rank's own message says why; a torch traceback here would bury it
+        cause = first_line(err, limit=200)
         _error(
-            f"rank {trainer.ranks.rank} lost the other ranks ({_first_line(err)}): another "
-            "rank stopped, and its own message says why; the last checkpoint is kept"
+            f"rank {trainer.ranks.rank} lost the other ranks ({cause}): another rank stopped, "
+            "and its own message says why; the last checkpoint is kept"
         )
         return 1
     if summary is None:
@@ -141,11 +143,6 @@ def _peer_lost(err: RuntimeError) -> bool:
         return True
     text = str(err)
     return any(part in text for part in _PEER_LOST)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def _thread_error(args: threading.ExceptHookArgs) -> None:

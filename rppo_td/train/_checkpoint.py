@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rppo_td._validation import first_line
 from rppo_td.train._config import RUNTIME_FIELDS, TrainConfig
 
 __all__ = [
@@ -202,7 +203,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                 "and plain data, refused without unpickling them"
             ) from None
         # torch's first sentence (the rest guesses at causes and runs on)
-        detail = text.splitlines()[0].split(". ")[0][:200] if text else type(err).__name__
+        detail = first_line(err, limit=200, sentence=True)
         raise CheckpointError(
             f"{where} is not a readable rppo_td checkpoint (truncated or corrupt: {detail})"
         ) from None

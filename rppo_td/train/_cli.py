@@ -12,7 +12,13 @@ from typing import Any
 import yaml
 
 from rppo_td.envs import resolve_env_id
-from rppo_td.train._config import RENAMED, TrainConfig, field_hints, renamed_settings
+from rppo_td.train._config import (
+    RENAMED,
+    TrainConfig,
+    field_hints,
+    renamed_settings,
+    unknown_settings,
+)
 
 __all__ = ["ShortErrorParser", "build_parser", "config_from_args", "list_presets", "load_yaml"]
 
@@ -60,7 +66,7 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
             raise ValueError(f"{where} sets {name!r} twice (spelt with '_' and with '-')")
         settings[name] = _yaml_number(name, value)
     # named here, with the file, rather than after the layers are merged
-    unknown = sorted(set(settings) - set(field_hints()) - set(RENAMED))
+    unknown = unknown_settings(settings)
     if unknown:
         raise ValueError(
             f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())} "

@@ -71,6 +71,11 @@ def field_hints() -> dict[str, Any]:
     return typing.get_type_hints(TrainConfig)
 
 
+def unknown_settings(values: dict[str, Any]) -> list[str]:
+    """The names in ``values`` that are neither a ``TrainConfig`` field nor an old name of one."""
+    return sorted(set(values) - set(field_hints()) - set(RENAMED))
+
+
 def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
     """Raises ``ValueError`` unless ``value`` has the field's type, bounds and choices."""
     name, meta = f.name, f.metadata
@@ -416,10 +421,9 @@ class TrainConfig:
         Renamed settings are read under their old names (``renamed_settings``).
         """
         values = renamed_settings(values, where=where)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = unknown_settings(values)
         if unknown:
-            raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(known)}")
+            raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> TrainConfig:

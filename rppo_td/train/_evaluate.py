@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from rppo_td._validation import first_line
 from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train._checkpoint import load_checkpoint
@@ -250,7 +251,7 @@ def load_agent(
     except RuntimeError as err:
         raise ValueError(
             f"the model in {str(path)!r} does not fit the agent its config builds "
-            f"({str(err).splitlines()[0][:200]})"
+            f"({first_line(err, limit=200)})"
         ) from None
     agent.eval()
     return agent, config, data

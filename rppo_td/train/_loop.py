@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rppo_td._validation import first_line
 from rppo_td.envs import make_vector_env
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
 from rppo_td.train._checkpoint import (
@@ -174,7 +175,7 @@ class Trainer:
                 raise
             raise ValueError(
                 f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
-                f"does not fit in memory on {self.device}: {str(err).splitlines()[0][:160]}"
+                f"does not fit in memory on {self.device}: {first_line(err, limit=160)}"
             ) from None
         if self.ranks.distributed:
             broadcast_module(self.agent)  # every rank starts from rank 0's parameters
@@ -350,7 +351,7 @@ class Trainer:
         except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise ValueError(
                 f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
-                f"builds ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+                f"builds ({type(err).__name__}: {first_line(err, limit=200)})"
             ) from None
         self.counters = dict(checkpoint["counters"])
         self._check_ranks(self.counters)
@@ -377,9 +378,8 @@ class Trainer:
         if done < 1 or steps == done * per_rank * self.ranks.world_size:
             return
         saved = steps / (done * per_rank)
-        ranks = f"{saved:g}" if saved != int(saved) else str(int(saved))
         raise ValueError(
-            f"the checkpoint in {str(self.directory)!r} was written by a run of {ranks} "
+            f"the checkpoint in {str(self.directory)!r} was written by a run of {saved:g} "
             f"rank(s) ({steps} env steps in {done} updates of {per_rank} steps a rank); this "
             f"run has {self.ranks.world_size}: resume it on as many ranks as it started with"
         )

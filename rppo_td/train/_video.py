@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
+from rppo_td._validation import first_line
 from rppo_td.envs import EnvError, make_env, resolve_env_id
 
 __all__ = [
@@ -344,9 +345,7 @@ class VideoWriter:
 
     def _cannot_write(self, err: OSError) -> ValueError:
         """The one-line error for ``err``: its first line (ffmpeg's go on with its command)."""
-        text = str(err).strip()
-        reason = text.splitlines()[0] if text else type(err).__name__
-        return ValueError(f"cannot write the video {str(self.path)!r}: {reason}")
+        return ValueError(f"cannot write the video {str(self.path)!r}: {first_line(err)}")
 
     def _finish(self) -> None:
         try:

@@ -8,7 +8,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 
 from rppo_td._lazy import clear_device, lazy_on_device, shallow_copy
-from rppo_td._validation import check_key_list, get_key
+from rppo_td._validation import check_key_list, first_line, get_key
 from rppo_td.transforms._base import RolloutTransform
 
 __all__ = ["DeviceMover"]
@@ -109,7 +109,7 @@ def _check_available(device: torch.device) -> None:
             torch.empty(0, device=device)
         except (RuntimeError, AssertionError, NotImplementedError) as err:
             # the first sentence: torch's dispatcher lists every backend after it
-            reason = (str(err).splitlines() or [type(err).__name__])[0].split(". ")[0]
+            reason = first_line(err, sentence=True)
             raise ValueError(f"device {str(device)!r} is not available: {reason}") from err
         return
     if not torch.cuda.is_available():

@@ -199,3 +199,14 @@ def test_argument_kinds():
     td = TensorDict({"loss_mask": torch.ones(2, 3, dtype=torch.bool)}, batch_size=[2, 3])
     with pytest.raises(ValueError, match="X got a tensordict that already holds 'loss_mask'"):
         check_not_padded(td, "loss_mask", "X")
+
+
+def test_first_line_of_an_error():
+    from rppo_td._validation import first_line
+
+    err = RuntimeError("  Could not run op. It is only there for: CPU, CUDA.\nand more\n")
+    assert first_line(err) == "Could not run op. It is only there for: CPU, CUDA."
+    assert first_line(err, sentence=True) == "Could not run op"
+    assert first_line(err, limit=9) == "Could not"
+    # an empty message (two callers once indexed an empty splitlines() here)
+    assert first_line(RuntimeError()) == first_line(RuntimeError("  \n")) == "RuntimeError"
