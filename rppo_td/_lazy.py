@@ -34,7 +34,14 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase
+from tensordict import (
+    NestedKey,
+    TensorDict,
+    TensorDictBase,
+    is_non_tensor,
+    is_tensor_collection,
+    is_tensorclass,
+)
 
 from rppo_td._buffers import OutputPool
 from rppo_td.functional import pad_rows, runs_pay, sequence_runs
@@ -42,6 +49,7 @@ from rppo_td.functional import pad_rows, runs_pay, sequence_runs
 __all__ = [
     "LazyLeaves",
     "PaddedGather",
+    "Group",
     "Pending",
     "group_dims",
     "lazy_enabled",
@@ -314,57 +322,79 @@ def _with_lazy_leaves(level: dict, batch_size: torch.Size, device) -> TensorDict
     return td
 
 
-def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], torch.Size]:
-    """The batch dims past ``td``'s first ``lead`` of each nested tensordict that has more.
+def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], Group]:
+    """The nested tensordicts of ``td`` whose shape or type a rebuilt tree must restore.
 
-    TorchRL's multi-agent groups are such: ``("agents",)`` of batch ``[W, T, n_agents]`` in a
-    ``[W, T]`` rollout gives ``{("agents",): [n_agents]}``. Empty for most rollouts. A padded
-    output's pending leaves are not gathered to find them.
+    An output built leaf by leaf (gathered, sliced, unpadded) has only plain ``TensorDict``
+    levels of the new batch, and no level without a leaf. Listed, by path: each level with
+    batch dims past ``td``'s first ``lead`` (TorchRL's multi-agent groups: ``("agents",)`` of
+    batch ``[W, T, n_agents]`` in a ``[W, T]`` rollout gives ``Group([n_agents], None)``),
+    each tensorclass (``Group(dims, its class)``) and each empty level. Empty for most
+    rollouts. A padded output's pending leaves are not gathered to find them.
     """
-    found: dict[tuple[str, ...], torch.Size] = {}
+    found: dict[tuple[str, ...], Group] = {}
 
-    def walk(node: TensorDictBase, prefix: tuple[str, ...]) -> None:
+    def walk(node: object, prefix: tuple[str, ...]) -> bool:
+        """Lists ``node``'s levels; whether it holds a leaf."""
         values = dict.items(node._tensordict) if type(node) is TensorDict else node.items()
+        any_leaf = False
         for key, value in values:
-            if isinstance(value, TensorDictBase):
-                path = (*prefix, key)
-                if value.batch_dims > lead:
-                    found[path] = value.batch_size[lead:]
-                walk(value, path)
+            if not is_tensor_collection(value) or is_non_tensor(value):
+                any_leaf = True
+                continue
+            path = (*prefix, key)
+            has_leaf = walk(value, path)
+            any_leaf = any_leaf or has_leaf
+            wrap = type(value) if is_tensorclass(value) else None
+            if value.batch_dims > lead or wrap is not None or not has_leaf:
+                found[path] = Group(value.batch_size[lead:], wrap)
+        return any_leaf
 
     walk(td, ())
     return found
 
 
+@dataclass(frozen=True)
+class Group:
+    """A nested level to restore (``group_dims``): its batch dims past the lead ones and, for a
+    tensorclass, its class (else None)."""
+
+    dims: torch.Size
+    wrap: type | None = None
+
+
 def nest_groups(
     source: dict,
     batch_size: torch.Size,
-    groups: dict[tuple[str, ...], torch.Size],
+    groups: dict[tuple[str, ...], Group],
     device,
     *,
     lazy: bool = False,
 ) -> dict:
-    """``source`` (nested dicts) with each group of ``groups`` made a tensordict of its dims.
+    """``source`` (nested dicts) with each level of ``groups`` restored.
 
-    The group at ``path`` gets batch ``[*batch_size, *groups[path]]`` (``group_dims``); the
-    rest stays nested dicts, which become tensordicts of ``batch_size`` when the whole is
-    built. With ``lazy`` a group keeps its ``Pending`` leaves pending. ``source`` is changed
-    in place and returned.
+    The level at ``path`` becomes a tensordict of batch ``[*batch_size, *groups[path].dims]``
+    (``group_dims``), a level with no leaf an empty one, and a tensorclass is wrapped in its
+    class again; the rest stays nested dicts, which become tensordicts of ``batch_size`` when
+    the whole is built. With ``lazy`` a level keeps its ``Pending`` leaves pending. ``source``
+    is changed in place and returned.
     """
     for path in sorted(groups, key=len, reverse=True):  # the deepest first
         parent: object = source
         for part in path[:-1]:
-            parent = parent.get(part) if type(parent) is dict else None
+            parent = parent.setdefault(part, {}) if type(parent) is dict else None
         if type(parent) is not dict:
             continue  # not in this output
-        level = parent.get(path[-1])
+        level = parent.setdefault(path[-1], {})
         if type(level) is not dict:
-            continue  # not in this output
-        size = torch.Size((*batch_size, *groups[path]))
+            continue  # built already
+        group = groups[path]
+        size = torch.Size((*batch_size, *group.dims))
         if lazy:
-            parent[path[-1]] = lazy_tree(level, size, device)
+            node = lazy_tree(level, size, device)
         else:
-            parent[path[-1]] = TensorDict._new_unsafe(level, batch_size=size, device=device)
+            node = TensorDict._new_unsafe(level, batch_size=size, device=device)
+        parent[path[-1]] = node if group.wrap is None else group.wrap._from_tensordict(node)
     return source
 
 

@@ -170,6 +170,7 @@ class SequenceChunker(RolloutTransform):
         )
         check_shape(self.keys.episode_id, episode, shape)
         check_dtype(self.keys.episode_id, episode, torch.int64)
+        check_not_meta({self.keys.episode_id: episode})
         start = torch.ones(shape, dtype=torch.bool, device=episode.device)
         start[:, 1:] = episode[:, 1:] != episode[:, :-1]
         # start[:, 0] is True by construction: no check (and no device sync) needed

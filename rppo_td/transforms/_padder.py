@@ -202,11 +202,13 @@ class SequencePadder(RolloutTransform):
             )
         own = set(keys.index_keys())
         out = TensorDict(batch_size=[num_workers, num_time], device=tensordict.device)
-        # nested groups of their own batch dims ([N, Lp, n_agents] -> [W, T, n_agents])
-        for path, dims in sorted(group_dims(tensordict).items(), key=lambda item: len(item[0])):
+        # nested levels of their own batch dims ([N, Lp, n_agents] -> [W, T, n_agents]),
+        # empty ones and tensorclasses (wrapped again once filled)
+        groups = sorted(group_dims(tensordict).items(), key=lambda item: len(item[0]))
+        for path, group in groups:
             out.set(
                 path,
-                TensorDict(batch_size=[num_workers, num_time, *dims], device=tensordict.device),
+                TensorDict(batch_size=[num_workers, num_time, *group.dims], device=out.device),
             )
         for key, value in tensordict.items(
             include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor
@@ -216,4 +218,7 @@ class SequencePadder(RolloutTransform):
             check_tensor_leaf(key, value, real.device, ids=repr(keys.loss_mask))
             flat = unpad_rows(value, dest, real, num_steps)
             out.set(key, flat.view(num_workers, num_time, *flat.shape[1:]))
+        for path, group in reversed(groups):  # the deepest first
+            if group.wrap is not None:
+                out.set(path, group.wrap._from_tensordict(out.get(path)))
         return out

@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSampler
 from tests.unit._data import small_rollout
@@ -296,3 +296,40 @@ def test_nested_groups_keep_their_own_batch_dims(padded, gather_epoch, reuse_mem
         mask = minibatch["loss_mask"]
         expected = td["agents", "observation"].flatten(0, 1)[steps[mask]]
         assert torch.equal(minibatch["agents", "observation"][mask], expected)
+
+
+@tensorclass
+class _Reading:
+    value: torch.Tensor
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("gather_epoch", [None, False, True])
+def test_empty_levels_and_tensorclasses_keep_their_place_and_type(padded, gather_epoch):
+    # an empty sub-tensordict was dropped, and a tensorclass came back a plain TensorDict
+    workers, steps = 3, 10
+    td = _with_agents(workers, steps)
+    td["empty"] = TensorDict(batch_size=[workers, steps])
+    td["deep", "empty"] = TensorDict(batch_size=[workers, steps, 2])
+    reading = torch.randn(workers, steps, 2)
+    td["reading"] = _Reading(value=reading.clone(), batch_size=[workers, steps])
+    td["agents", "empty"] = TensorDict(batch_size=[workers, steps, 3])
+    source = SequencePadder()(td) if padded else td
+    if padded:
+        assert type(source["reading"]) is _Reading
+        assert source["deep", "empty"].batch_size[2:] == torch.Size([2])
+        back = SequencePadder().inv(source)
+        assert type(back["reading"]) is _Reading
+        assert set(back.keys(include_nested=True)) == set(td.keys(include_nested=True))
+        assert back["deep", "empty"].batch_size == td["deep", "empty"].batch_size
+        assert torch.equal(back["reading"].value, reading)
+    sampler = SequenceSampler(2, generator=torch.Generator().manual_seed(0), gather_epoch=gather_epoch)
+    for minibatch in sampler(source):
+        b, lp = minibatch.batch_size
+        assert minibatch["empty"].batch_size == torch.Size([b, lp]) and minibatch["empty"].is_empty()
+        assert minibatch["deep", "empty"].batch_size == torch.Size([b, lp, 2])
+        assert minibatch["agents", "empty"].batch_size == torch.Size([b, lp, 3])
+        assert type(minibatch["reading"]) is _Reading
+        mask = minibatch["loss_mask"]
+        at = (minibatch["worker_index"] * steps + minibatch["time_index"])[mask]
+        assert torch.equal(minibatch["reading"].value[mask], reading.flatten(0, 1)[at])
