@@ -32,6 +32,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 from tensordict import (
@@ -334,7 +335,7 @@ def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], Group
     """
     found: dict[tuple[str, ...], Group] = {}
 
-    def walk(node: object, prefix: tuple[str, ...]) -> bool:
+    def walk(node: Any, prefix: tuple[str, ...]) -> bool:
         """Lists ``node``'s levels; whether it holds a leaf."""
         values = dict.items(node._tensordict) if type(node) is TensorDict else node.items()
         any_leaf = False
@@ -356,11 +357,15 @@ def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], Group
 
 @dataclass(frozen=True)
 class Group:
-    """A nested level to restore (``group_dims``): its batch dims past the lead ones and, for a
-    tensorclass, its class (else None)."""
+    """A nested level to restore (``group_dims``).
+
+    Attributes:
+        dims: its batch dims past the lead ones.
+        wrap: for a tensorclass, its class (else None).
+    """
 
     dims: torch.Size
-    wrap: type | None = None
+    wrap: Any = None  # a @tensorclass class
 
 
 def nest_groups(

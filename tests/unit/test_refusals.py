@@ -488,7 +488,9 @@ def test_balanced_minibatches_with_zero_length_sequences_last():
         (lambda: GAE(gamma=0.9, lmbda=0.9)(small_rollout().to("meta")), "('next', 'reward')"),
         (lambda: EpisodeSplitter()(small_rollout().to("meta")), "('next', 'done')"),
         (
-            lambda: SequenceChunker(sequence_length=4)(EpisodeSplitter()(small_rollout()).to("meta")),
+            lambda: SequenceChunker(sequence_length=4)(
+                EpisodeSplitter()(small_rollout()).to("meta")
+            ),
             "'episode_id'",
         ),
         (lambda: SequencePadder()(_chunked().to("meta")), "'sequence_id'"),

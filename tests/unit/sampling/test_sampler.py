@@ -323,10 +323,12 @@ def test_empty_levels_and_tensorclasses_keep_their_place_and_type(padded, gather
         assert set(back.keys(include_nested=True)) == set(td.keys(include_nested=True))
         assert back["deep", "empty"].batch_size == td["deep", "empty"].batch_size
         assert torch.equal(back["reading"].value, reading)
-    sampler = SequenceSampler(2, generator=torch.Generator().manual_seed(0), gather_epoch=gather_epoch)
+    generator = torch.Generator().manual_seed(0)
+    sampler = SequenceSampler(2, generator=generator, gather_epoch=gather_epoch)
     for minibatch in sampler(source):
         b, lp = minibatch.batch_size
-        assert minibatch["empty"].batch_size == torch.Size([b, lp]) and minibatch["empty"].is_empty()
+        assert minibatch["empty"].batch_size == torch.Size([b, lp])
+        assert minibatch["empty"].is_empty()
         assert minibatch["deep", "empty"].batch_size == torch.Size([b, lp, 2])
         assert minibatch["agents", "empty"].batch_size == torch.Size([b, lp, 3])
         assert type(minibatch["reading"]) is _Reading
