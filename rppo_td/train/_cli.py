@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 from importlib import resources
 from pathlib import Path
@@ -154,17 +155,46 @@ def config_from_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[s
     """
     parser = build_parser()
     args = vars(parser.parse_args(argv))
+    sources: dict[str, str] = {}  # where each setting was last given
     try:
         given: dict[str, Any] = {}
         if "preset" in args:
-            given.update(load_yaml(args.pop("preset"), preset=True))
+            name = args.pop("preset")
+            layer = load_yaml(name, preset=True)
+            given.update(layer)
+            sources.update(dict.fromkeys(layer, f"preset {name!r}"))
         if "config" in args:
-            given.update(load_yaml(args.pop("config")))
+            file = args.pop("config")
+            layer = load_yaml(file)
+            given.update(layer)
+            sources.update(dict.fromkeys(layer, f"config file {str(file)!r}"))
         given.update(args)
+        sources.update({key: "--" + key.replace("_", "-") for key in args})
         given = renamed_settings(given, where="settings")
         config = TrainConfig.from_dict(given, where="settings")
         resolve_env_id(config.env)
     except (ValueError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        parser.error(str(message))
+        parser.error(said_where(str(message), sources))
     return config, given
+
+
+def said_where(message: str, sources: dict[str, str]) -> str:
+    """``message`` about a setting, saying where the setting was given.
+
+    A message that starts with a setting's name (``burn_in must be ...``, ``burn_in=5 ...``)
+    names its flag instead where the flag gave it (``--burn-in must be ...``), and ends with
+    ``(set by preset 'x')`` or ``(set by config file 'x.yaml')`` where one of those did.
+    ``sources``: setting (as given, old names included) -> where it was given.
+    """
+    match = re.match(r"([a-z][a-z0-9_]*)(?=[= ])", message)
+    if match is None:
+        return message
+    name = match.group(1)
+    where = {RENAMED.get(key, key): value for key, value in sources.items()}
+    source = sources.get(name) or where.get(name)
+    if source is None:
+        return message
+    if source.startswith("--"):
+        return source + message[len(name) :]
+    return f"{message} (set by {source})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import logging
 import math
 import pickle
@@ -508,6 +509,8 @@ class Trainer:
 
     def _run(self, stop_after_updates: int | None) -> dict[str, Any] | None:
         c = self.config
+        if self.resumed and self.counters["update"] >= self.num_updates:
+            return self._finished_already()
         resume_from = None
         if self.resumed:
             resume_from = (self.counters["update"], self.counters["env_steps"])
@@ -591,6 +594,41 @@ class Trainer:
         if self.ranks.distributed:
             leave_group()
 
+    def _finished_already(self) -> dict[str, Any]:
+        """The summary of a resumed run that has no update left to train.
+
+        Its ``summary.json``, kept as it is, where it is the summary of this checkpoint; else
+        (the run stopped in its final evaluation, or the file is damaged) ``finish()``. No
+        metrics row, TensorBoard file or plot is written either way.
+        """
+        path = self.directory / "summary.json"
+        kept = None
+        if self.ranks.main:
+            keys = set(self._summary({}, in_sync=True))
+            kept = _read_summary(path, self.counters, keys)
+            if kept is None:
+                log.info(
+                    "%s has trained all its %d updates but holds no summary of them: "
+                    "evaluating it now",
+                    self.directory,
+                    self.num_updates,
+                )
+            else:
+                log.info(
+                    "%s finished already (update %d of %d, %d env steps): its summary.json is "
+                    "kept and nothing is trained. A longer run is a new run (another --output)",
+                    self.directory,
+                    self.counters["update"],
+                    self.num_updates,
+                    self.counters["env_steps"],
+                )
+        found = kept is not None
+        if self.ranks.distributed:  # every rank takes the same branch
+            found = any_rank(found, self.device)
+        if not found:
+            return self.finish()
+        return kept if kept is not None else self._summary({}, in_sync=True)
+
     def finish(self) -> dict[str, Any]:
         """Deterministic evaluation; writes (rank 0) and returns ``summary.json``'s content.
 
@@ -607,8 +645,16 @@ class Trainer:
             else {}
         )
         self.agent.to(self.device)
+        summary = self._summary(evaluation, in_sync=in_sync)
+        if self.ranks.main:
+            write_json_atomic(self.directory / "summary.json", summary)
+        return summary
+
+    def _summary(self, evaluation: dict[str, Any], *, in_sync: bool) -> dict[str, Any]:
+        """``summary.json``'s content: the counters, ``evaluation``'s figures, the config."""
+        c = self.config
         wall = self.counters["wall_time_s"]
-        summary = {
+        return {
             "eval_return_mean": evaluation.get("eval_return_mean", math.nan),
             "eval_return_std": evaluation.get("eval_return_std", math.nan),
             "eval_episodes": c.eval_episodes,
@@ -626,9 +672,22 @@ class Trainer:
             "ranks_in_sync": in_sync,
             "config": c.to_dict(),
         }
-        if self.ranks.main:
-            write_json_atomic(self.directory / "summary.json", summary)
-        return summary
+
+
+def _read_summary(path: Path, counters: dict[str, Any], keys: set[str]) -> dict[str, Any] | None:
+    """``path``'s summary, where it is the run's at ``counters`` and complete.
+
+    Complete: the same env steps and updates as ``counters``, and every one of ``keys`` (a
+    summary written by an older version lacks some).
+    """
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or not keys <= set(summary):
+        return None
+    same = summary.get("env_steps") == counters["env_steps"]
+    return summary if same and summary.get("updates") == counters["update"] else None
 
 
 def _resumed_config(

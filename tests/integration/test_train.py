@@ -446,6 +446,28 @@ def test_resume_into_another_output_is_refused(tmp_path, capsys):
     assert "is not the resumed run's directory" in capsys.readouterr().err
 
 
+def test_resuming_a_finished_run_keeps_its_files(tmp_path, capsys, caplog):
+    # it evaluated again, rewrote summary.json and added a TensorBoard file every time
+    out = tmp_path / "run"
+    assert main(["--preset", "smoke", "--output", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    with caplog.at_level("INFO"):
+        assert main(["--resume", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out) == {k: summary[k] for k in SUMMARY_KEYS}
+    assert "finished already" in caplog.text
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # stopped in its final evaluation (no summary.json): a resume evaluates it
+    (out / "summary.json").unlink()
+    assert main(["--resume", str(out)]) == 0
+    capsys.readouterr()
+    again = json.loads((out / "summary.json").read_text())
+    assert again["eval_returns"] == summary["eval_returns"]
+    assert again["env_steps"] == summary["env_steps"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(before)
+
+
 def test_eval_episodes_are_bounded(capsys):
     with pytest.raises(SystemExit) as exit_:
         eval_main(["--checkpoint", "x", "--episodes", "100000000"])

@@ -81,21 +81,21 @@ def test_config_file_then_flags(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--total-steps", "-5"], "total_steps must be an integer >= 1, got -5"),
-        (["--sequence-length", "0"], "sequence_length must be an integer >= 1, got 0"),
+        (["--total-steps", "-5"], "--total-steps must be an integer >= 1, got -5"),
+        (["--sequence-length", "0"], "--sequence-length must be an integer >= 1, got 0"),
         (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
         (["--env", "no_such_module_xyz:Foo-v0"], "cannot import module"),
-        (["--gamma", "1.5"], "gamma must be a finite number in [0.0, 1.0]"),
+        (["--gamma", "1.5"], "--gamma must be a finite number in [0.0, 1.0]"),
         (["--recurrence", "rnn"], "invalid choice: 'rnn'"),
         (["--total-steps", "ten"], "invalid int value: 'ten'"),
         (["--total-steps", "100"], "less than one rollout"),
         (["--preset", "nope"], "unknown preset 'nope'"),
         (["--config", "/no/such/file.yaml"], "does not exist"),
         (["--config", "/"], "is not a file"),
-        (["--log-level", "VERBOSE"], "log_level must be one of ['DEBUG', 'INFO', 'WARNING'"),
-        (["--seed", "-1"], "seed must be an integer in [0, 4294967295], got -1"),
-        (["--gamma", "nan"], "gamma must be a finite number in [0.0, 1.0], got nan"),
-        (["--learning-rate", "inf"], "learning_rate must be a finite number"),
+        (["--log-level", "VERBOSE"], "--log-level must be one of ['DEBUG', 'INFO', 'WARNING'"),
+        (["--seed", "-1"], "--seed must be an integer in [0, 4294967295], got -1"),
+        (["--gamma", "nan"], "--gamma must be a finite number in [0.0, 1.0], got nan"),
+        (["--learning-rate", "inf"], "--learning-rate must be a finite number"),
         (
             [
                 "--num-workers",
@@ -107,25 +107,25 @@ def test_config_file_then_flags(tmp_path):
                 "--num-minibatches",
                 "5",
             ],
-            "num_minibatches=5 can exceed the sequences of a rollout",
+            "--num-minibatches=5 can exceed the sequences of a rollout",
         ),
         (["--start-state", "fresh"], "invalid choice: 'fresh'"),
-        (["--burn-in", "-1"], "burn_in must be"),
-        (["--recurrence", "none", "--burn-in", "4"], "burn_in=4 needs a recurrent core"),
+        (["--burn-in", "-1"], "--burn-in must be"),
+        (["--recurrence", "none", "--burn-in", "4"], "--burn-in=4 needs a recurrent core"),
         (["--recurrence", "none", "--start-state", "zero"], "'zero' needs a recurrent core"),
         (
             ["--rollout-steps", "32", "--burn-in", "32"],
-            "burn_in=32 asks for more steps than a rollout holds",
+            "--burn-in=32 asks for more steps than a rollout holds",
         ),
         (["--recurrence", "gru", "--forget-bias", "3"], "recurrence='gru' has none"),
-        (["--forget-bias", "nan"], "forget_bias must be"),
-        (["--forget-bias", "1000"], "forget_bias must be"),
-        (["--novelty-bonus", "-0.1"], "novelty_bonus must be"),
-        (["--novelty-bonus", "nan"], "novelty_bonus must be"),
-        (["--novelty-steps", "-5"], "novelty_steps must be"),
+        (["--forget-bias", "nan"], "--forget-bias must be"),
+        (["--forget-bias", "1000"], "--forget-bias must be"),
+        (["--novelty-bonus", "-0.1"], "--novelty-bonus must be"),
+        (["--novelty-bonus", "nan"], "--novelty-bonus must be"),
+        (["--novelty-steps", "-5"], "--novelty-steps must be"),
         (
             ["--num-workers", "4", "--rollout-steps", "8", "--novelty-steps", "31"],
-            "novelty_steps=31 is shorter than one update",
+            "--novelty-steps=31 is shorter than one update",
         ),
     ],
 )
@@ -162,6 +162,8 @@ def test_bad_config_files_give_clear_errors(capsys, tmp_path, text, message):
     err = _error(capsys, ["--config", str(path)])
     assert message in err
     assert len(err.strip().splitlines()) == 1
+    if message.startswith(text.split(":")[0]):  # a setting's value: the file is named
+        assert f"(set by config file {str(path)!r})" in err
 
 
 def test_a_float_written_without_a_dot_is_a_number(tmp_path):
