@@ -360,6 +360,10 @@ class RecurrentActorCritic(nn.Module):
         """``(num_layers, hidden_size)``: the shape of one step's state under each key."""
         return (self.num_layers, self.hidden_size)
 
+    def _dtype_probe(self) -> torch.Tensor:
+        """The first parameter (every parameter has its dtype unless cast one by one)."""
+        return next(self.parameters())
+
     def normalize(self, obs: TensorDictBase) -> TensorDictBase:
         """The observations normalised by the running statistics (unchanged without).
 
@@ -368,9 +372,21 @@ class RecurrentActorCritic(nn.Module):
         and give features of the right width from the wrong data), and an image leaf that
         is not ``uint8`` (the encoder divides by 255).
 
+        The network's own dtype is checked here too: it computes in float32 (its encoders
+        cast the observations to float32), so parameters cast to another dtype
+        (``.double()``, ``.half()``, ``.to(torch.bfloat16)``) are refused by name rather
+        than failing inside a layer with a dtype mismatch.
+
         Raises:
             ValueError: naming the key, the expected and the actual shape or dtype.
         """
+        weight = self._dtype_probe()
+        if weight.dtype != torch.float32:
+            raise ValueError(
+                f"RecurrentActorCritic computes in float32, and its parameters are "
+                f"{weight.dtype} (cast by .double(), .half() or .to(dtype)?): keep them "
+                "float32 (net.float())"
+            )
         lead = obs.batch_dims
         for key, shape, image in self._box_leaves:
             value = obs.get(key, None)

@@ -688,6 +688,19 @@ def test_observations_of_another_shape_or_an_image_not_uint8_are_refused():
     RecurrentCritic(net)(floats.set("observation", floats["observation"].mul(255).to(torch.uint8)))
 
 
+@pytest.mark.parametrize("cast", ["double", "half", "bfloat16"])
+def test_a_network_cast_from_float32_is_refused_by_name(cast):
+    # it failed inside a Linear with "mat1 and mat2 must have the same dtype"
+    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    td = TensorDict({"observation": torch.randn(5, 3), "is_init": torch.ones(5, 1).bool()}, [5])
+    getattr(net, cast)()
+    for module in (RecurrentActor(net), RecurrentCritic(net)):
+        with pytest.raises(ValueError, match="computes in float32, and its parameters are"):
+            module(td.clone())
+    net.float()
+    RecurrentPolicy(net)(td.clone())
+
+
 @pytest.mark.parametrize("batch", [[], [3, 0]])
 def test_recurrent_mode_without_a_step_is_refused_by_name(batch):
     # [3, 0] once failed with an IndexError from inside the module
