@@ -64,6 +64,7 @@ def network_values(
     in_keys = list(getattr(network, "in_keys", []))
     following_td = _sub_tensordict(tensordict, "next", who)
     if in_keys:
+        _check_inputs(in_keys, tensordict, following_td, is_init_key, who, current=current)
         root = tensordict.select(*in_keys, strict=False)
         following = following_td.select(*in_keys, strict=False)
     else:  # a plain callable: give it copies it may write into
@@ -101,6 +102,43 @@ def network_values(
                 hint="(value_network's output on 'next')",
             )
     return value, next_value
+
+
+def _check_inputs(
+    in_keys: list[NestedKey],
+    tensordict: TensorDictBase,
+    following: TensorDictBase,
+    is_init_key: NestedKey,
+    who: str,
+    *,
+    current: bool,
+) -> None:
+    """Refuses a rollout that lacks one of the value network's ``in_keys`` (root or next).
+
+    TorchRL's ``LSTMModule``/``GRUModule`` run from a zero state where their state keys are
+    missing, without a word: the values, and every advantage after them, would be those of
+    a network that forgot its episode. ``is_init`` is left to the caller (it is derived
+    under ``"next"``).
+    """
+    skip = _unwrap(is_init_key)
+    places = [(following, "next")] if not current else [(tensordict, None), (following, "next")]
+    for td, prefix in places:
+        for key in in_keys:
+            key = _unwrap(key)
+            if key == skip or td.get(key, None) is not None:
+                continue
+            path = key if prefix is None else (prefix, *(key if isinstance(key, tuple) else (key,)))
+            raise MissingKeyError(
+                f"{who}: the value network reads {key!r} (one of its in_keys) and the rollout "
+                f"has no {path!r}. A recurrent network would run from a zero state there and "
+                "give every value after it wrong, so it is refused: keep the key in the "
+                "rollout (a collector stores the states at the root and under 'next')"
+            )
+
+
+def _unwrap(key: NestedKey) -> NestedKey:
+    """``("a",)`` as ``"a"``: TorchRL writes a top-level key either way."""
+    return key[0] if isinstance(key, tuple) and len(key) == 1 else key
 
 
 def _runs_recurrent(network: object) -> bool:

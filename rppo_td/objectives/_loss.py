@@ -100,7 +100,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
     Args:
         actor_network: a probabilistic TensorDict actor (``ProbabilisticActor``).
         critic_network: a TensorDict module writing ``state_value``.
-        clip_epsilon: the ratio's clipping range, as in ``ClipPPOLoss``.
+        clip_epsilon: the ratio's clipping range, as in ``ClipPPOLoss``: a number in
+            ``(0, 1)``, or TorchRL's asymmetric ``(low, high)`` (the ratio clipped to
+            ``[1 - low, 1 + high]``; then ``clip_value`` must be a number or None).
         entropy_coeff: weight of ``loss_entropy``.
         critic_coeff: weight of ``loss_critic``.
         loss_critic_type: ``"l1"``, ``"l2"`` or ``"smooth_l1"``.
@@ -118,10 +120,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     Raises:
         ValueError: at construction, naming the option: ``clip_epsilon`` not a finite
-            number > 0, ``clip_value`` neither None, a bool nor a finite number > 0,
-            ``critic_coeff`` neither None nor a finite number >= 0, an ``entropy_coeff``
-            (or a value of its mapping) that is not a finite number (TorchRL's loss takes
-            each of these and trains on, its clip range inverted or NaN).
+            number in ``(0, 1)`` nor such a pair, ``clip_value`` neither None, a bool nor a
+            finite number > 0, ``critic_coeff`` neither None nor a finite number >= 0, an
+            ``entropy_coeff`` (or a value of its mapping) that is not a finite number
+            (TorchRL's loss takes each of these and trains on, its clip range inverted or
+            NaN).
 
     Example:
         >>> import torch
@@ -165,7 +168,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         actor_network: Any,
         critic_network: Any,
         *,
-        clip_epsilon: float = 0.2,
+        clip_epsilon: float | tuple[float, float] = 0.2,
         entropy_coeff: float = 0.01,
         critic_coeff: float = 1.0,
         loss_critic_type: str = "smooth_l1",
@@ -633,8 +636,24 @@ def _check_coefficients(
     A ``clip_epsilon`` or ``clip_value`` of 0 or less inverts or empties the clip range, and
     NaN passes every comparison: each would train on without an error.
     """
-    if not (_finite(clip_epsilon) and clip_epsilon > 0):
-        raise ValueError(f"clip_epsilon must be a finite number > 0, got {clip_epsilon!r}")
+    if isinstance(clip_epsilon, tuple | list):
+        # TorchRL's asymmetric (low, high): the ratio clipped to [1 - low, 1 + high]
+        low_high = tuple(clip_epsilon)
+        if not (
+            len(low_high) == 2
+            and all(_finite(eps) for eps in low_high)
+            and 0 < low_high[0] < 1
+            and low_high[1] > 0
+        ):
+            raise ValueError(
+                "clip_epsilon as (low, high) must hold two finite numbers, 0 < low < 1 and "
+                f"high > 0 (the ratio is clipped to [1 - low, 1 + high]), got {clip_epsilon!r}"
+            )
+    elif not (_finite(clip_epsilon) and 0 < clip_epsilon < 1):
+        raise ValueError(
+            "clip_epsilon must be a finite number in (0, 1) (the ratio is clipped to "
+            f"[1 - clip_epsilon, 1 + clip_epsilon]), or a (low, high) pair; got {clip_epsilon!r}"
+        )
     if not (
         clip_value is None
         or isinstance(clip_value, bool)

@@ -212,7 +212,7 @@ class TrainConfig:
     num_minibatches: int = _doc("minibatches per epoch (of whole sequences)", default=1, low=1)
     learning_rate: float = _doc("Adam learning rate", default=3e-3, low=0.0, high=1.0)
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
-    clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=10.0)
+    clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=0.99)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
     anneal_steps: int = _doc(
         "env steps over which anneal_lr and anneal_clip decay to 0 (0: total_steps); more "

@@ -247,10 +247,15 @@ def test_refusals():
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
-        ("clip_epsilon", 0.0, "clip_epsilon must be a finite number > 0, got 0.0"),
-        ("clip_epsilon", -0.2, "clip_epsilon must be a finite number > 0, got -0.2"),
-        ("clip_epsilon", float("nan"), "clip_epsilon must be a finite number > 0, got nan"),
-        ("clip_epsilon", True, "clip_epsilon must be a finite number > 0, got True"),
+        ("clip_epsilon", 0.0, "clip_epsilon must be a finite number in (0, 1)"),
+        ("clip_epsilon", -0.2, "clip_epsilon must be a finite number in (0, 1)"),
+        ("clip_epsilon", float("nan"), "clip_epsilon must be a finite number in (0, 1)"),
+        ("clip_epsilon", True, "clip_epsilon must be a finite number in (0, 1)"),
+        # 1 - 1.5 < 0: the lower bound's log was NaN, and so was loss_objective
+        ("clip_epsilon", 1.5, "pair; got 1.5"),
+        ("clip_epsilon", (1.2, 0.3), "0 < low < 1 and high > 0"),
+        ("clip_epsilon", (0.1, float("nan")), "0 < low < 1 and high > 0"),
+        ("clip_epsilon", (0.1,), "must hold two finite numbers"),
         ("clip_value", -0.1, "clip_value must be None, True, False or a finite number > 0"),
         ("clip_value", float("inf"), "clip_value must be None, True, False or a finite"),
         ("critic_coeff", -1.0, "critic_coeff must be None or a finite number >= 0, got -1.0"),
@@ -268,6 +273,17 @@ def test_coefficients_torchrl_would_misuse_are_refused_by_name(option, value, me
         RecurrentPPOLoss(agent.actor, agent.critic, **kwargs)
     for fine in ({"clip_value": True}, {"clip_value": 0.5}, {"critic_coeff": None}):
         RecurrentPPOLoss(agent.actor, agent.critic, **fine)
+
+
+def test_an_asymmetric_clip_epsilon_is_taken_as_torchrl_takes_it():
+    # ClipPPOLoss takes (low, high); the check refused it as "not a finite number"
+    agent = make_agent("lstm")
+    loss = RecurrentPPOLoss(agent.actor, agent.critic, clip_epsilon=(0.1, 0.3))
+    low, high = loss._clip_bounds
+    assert math.isclose(float(low), math.log(0.9), rel_tol=1e-6)
+    assert math.isclose(float(high), math.log(1.3), rel_tol=1e-6)
+    out = loss(_padded(agent))
+    assert torch.isfinite(out["loss_objective"])
 
 
 def test_advantage_and_log_prob_shapes_that_would_broadcast_are_refused():
