@@ -63,6 +63,7 @@ def network_values(
     """
     in_keys = list(getattr(network, "in_keys", []))
     following_td = _sub_tensordict(tensordict, "next", who)
+    _check_state_dtypes(network, [tensordict, following_td] if current else [following_td], who)
     if in_keys:
         _check_inputs(in_keys, tensordict, following_td, is_init_key, who, current=current)
         root = tensordict.select(*in_keys, strict=False)
@@ -129,11 +130,34 @@ def _check_inputs(
                 continue
             path = key if prefix is None else (prefix, *(key if isinstance(key, tuple) else (key,)))
             raise MissingKeyError(
-                f"{who}: the value network reads {key!r} (one of its in_keys) and the rollout "
-                f"has no {path!r}. A recurrent network would run from a zero state there and "
-                "give every value after it wrong, so it is refused: keep the key in the "
-                "rollout (a collector stores the states at the root and under 'next')"
+                f"{who}: the value network reads {key!r} (one of its in_keys), and the "
+                f"rollout has no {path!r}: keep it in the rollout. (A collector stores the "
+                "recurrent states at the root and under 'next'; a recurrent module would take "
+                "a missing state as zero and every value after it would be wrong, silently.)"
             )
+
+
+def _check_state_dtypes(network: object, places: list[TensorDictBase], who: str) -> None:
+    """Refuses a stored state of another dtype than its TorchRL recurrent module's weights.
+
+    oneDNN fails on it with "get_mkldnn_dtype: unsupported data type", naming nothing.
+    """
+    if not isinstance(network, nn.Module):
+        return
+    for module in network.modules():
+        if not isinstance(module, LSTMModule | GRUModule):
+            continue
+        core = module.lstm if isinstance(module, LSTMModule) else module.gru
+        weight = core.weight_ih_l0
+        for key in module.in_keys[1:-1]:  # in_key, the states, is_init
+            for td in places:
+                state = td.get(key, None)
+                if isinstance(state, torch.Tensor) and state.dtype != weight.dtype:
+                    raise ValueError(
+                        f"{who}: the stored state {key!r} is {state.dtype}, and the value "
+                        f"network's {type(module).__name__} computes in {weight.dtype}; store "
+                        "the states in the module's dtype"
+                    )
 
 
 def _unwrap(key: NestedKey) -> NestedKey:

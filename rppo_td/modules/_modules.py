@@ -91,6 +91,9 @@ class _Inputs:
                     f"{key!r} must have shape {[*batch, *shape]} (batch, layers, hidden), got "
                     f"{list(tensordict.get(key).shape)}"
                 )
+            elif value.dtype != torch.float32:
+                # oneDNN's error for it names nothing ("get_mkldnn_dtype: unsupported ...")
+                raise ValueError(f"{key!r} must be float32, the network's dtype, got {value.dtype}")
             stored.append(value)
         self.restart: torch.Tensor | None = None
         if self.recurrent:

@@ -324,6 +324,14 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
             advantage = get_key(tensordict, keys.advantage)
         _check_advantage(keys.advantage, advantage, tensordict.batch_size)
+        actions = keys.action if isinstance(keys.action, list) else [keys.action]
+        for key in actions:
+            if tensordict.get(key, None) is None:
+                # TorchRL's loss fails on it with an AttributeError naming nothing
+                raise MissingKeyError(
+                    f"RecurrentPPOLoss needs the actions taken, {key!r}, in the minibatch (the "
+                    "ratio is their probability now over then); it has none"
+                )
         mask = self._mask(tensordict)
         group, world_size = resolve_group(self.process_group)
         count = mask.sum()

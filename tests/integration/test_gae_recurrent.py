@@ -103,3 +103,16 @@ def test_a_stored_state_missing_from_the_rollout_is_refused_by_name(collected, r
         rppo_td.GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(
             rollout.exclude(("next", "observation"))
         )
+
+
+def test_a_stored_state_of_another_dtype_is_refused_by_name(collected):
+    # oneDNN failed on it with "get_mkldnn_dtype: unsupported data type"
+    critic, rollout = collected
+    state = next(key for key in critic.in_keys if "recurrent_state" in str(key))
+    bad = rollout.clone().set(("next", state), rollout["next", state].double())
+    torchrl = any(isinstance(m, LSTMModule | GRUModule) for m in critic.modules())
+    message = (
+        f"the stored state {state!r} is torch.float64" if torchrl else f"{state!r} must be float32"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rppo_td.GAE(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(bad)

@@ -242,6 +242,9 @@ def test_refusals():
         _loss(agent, normalize_advantage_exclude_dims=(-1,))
     with pytest.raises(KeyError, match="value_target"):
         _loss(agent)(_padded(agent).exclude("value_target"))
+    # TorchRL's loss failed on it with "'NoneType' object has no attribute 'requires_grad'"
+    with pytest.raises(KeyError, match="needs the actions taken, 'action'"):
+        _loss(agent)(_padded(agent).exclude("action"))
 
 
 @pytest.mark.parametrize(
