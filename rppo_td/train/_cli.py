@@ -50,7 +50,7 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"{where} cannot be read as UTF-8 text ({err})") from None
     try:
-        values = yaml.safe_load(text)
+        values = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -76,6 +76,25 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
     return settings
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding one key twice.
+
+    YAML leaves a repeated key to the reader; PyYAML keeps the last value silently, so a
+    file that sets ``total_steps`` twice would train on whichever came last.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is set twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _yaml_number(name: str, value: Any) -> Any:
     """``value``, a float where a float setting got YAML 1.1's text for one (``1e-3``).
 
@@ -87,6 +106,19 @@ def _yaml_number(name: str, value: Any) -> Any:
         except ValueError:
             return value  # refused by the config's own check, which names the setting
     return value
+
+
+class _Once(argparse.Action):
+    """Stores a flag's value, refusing the flag given twice (the first would be dropped)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+        if hasattr(namespace, self.dest):
+            parser.error(
+                f"{option_string} given twice ({getattr(namespace, self.dest)!r} and "
+                f"{values!r}); give one (a preset's settings can be changed by --config or "
+                "flags)"
+            )
+        setattr(namespace, self.dest, values)
 
 
 class ShortErrorParser(argparse.ArgumentParser):
@@ -117,8 +149,14 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
         "--preset, then --config, then the flags given here.",
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--preset", help=f"a shipped YAML preset: {', '.join(list_presets())}")
-    parser.add_argument("--config", help="a YAML file of settings (keys as the flags, _ or -)")
+    parser.add_argument(
+        "--preset",
+        action=_Once,
+        help=f"a shipped YAML preset: {', '.join(list_presets())}",
+    )
+    parser.add_argument(
+        "--config", action=_Once, help="a YAML file of settings (keys as the flags, _ or -)"
+    )
     hints = field_hints()
     for f in dataclasses.fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")

@@ -90,6 +90,9 @@ def test_config_file_then_flags(tmp_path):
         (["--total-steps", "ten"], "invalid int value: 'ten'"),
         (["--total-steps", "100"], "less than one rollout"),
         (["--preset", "nope"], "unknown preset 'nope'"),
+        # the first preset was dropped silently
+        (["--preset", "smoke", "--preset", "poc-memory"], "--preset given twice"),
+        (["--config", "a.yaml", "--config", "b.yaml"], "--config given twice"),
         (["--config", "/no/such/file.yaml"], "does not exist"),
         (["--config", "/"], "is not a file"),
         (["--log-level", "VERBOSE"], "--log-level must be one of ['DEBUG', 'INFO', 'WARNING'"),
@@ -153,6 +156,8 @@ def test_log_level_is_case_insensitive():
         ("- 1\n- 2\n", "must hold a mapping of settings, got list"),
         ("seed: -3\n", "seed must be an integer in [0, 4294967295], got -3"),
         ("total_steps: 2048\ntotal-steps: 4096\n", "sets 'total_steps' twice"),
+        # PyYAML kept the last value silently
+        ("total_steps: 512\ntotal_steps: 1024\n", "the key 'total_steps' is set twice"),
         ("gamma: 1e-x\n", "gamma must be a finite number in [0.0, 1.0], got '1e-x'"),
     ],
 )
@@ -263,3 +268,24 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
     Broken.ranks = types.SimpleNamespace(distributed=False, rank=0, main=True)
     with pytest.raises(RuntimeError, match="closed by peer"):  # one process: not ours to hide
         train.main(["--preset", "smoke", "--no-progress"])
+
+
+@pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
+def test_a_ctrl_c_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog):
+    # the console scripts imported torch and TorchRL before any guard: a traceback
+    import builtins
+
+    from rppo_td import _entry
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "rppo_td.train":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        getattr(_entry, entry)()
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == f"{prog}: interrupted during start-up; nothing done\n"

@@ -1,0 +1,34 @@
+"""The console scripts' entry points: ``rppo-train`` and ``rppo-eval``.
+
+They import the trainer (torch, TorchRL, gymnasium: a second or more) inside a guard, so that
+a Ctrl-C while it loads is one line and exit status 130, not a traceback from an import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["evaluate", "train"]
+
+
+def train() -> None:
+    """``rppo-train``: ``rppo_td.train.cli``."""
+    try:
+        from rppo_td.train import cli
+    except KeyboardInterrupt:
+        _interrupted("rppo-train")
+    cli()
+
+
+def evaluate() -> None:
+    """``rppo-eval``: ``rppo_td.train.evaluate_main``."""
+    try:
+        from rppo_td.train import evaluate_main
+    except KeyboardInterrupt:
+        _interrupted("rppo-eval")
+    sys.exit(evaluate_main())
+
+
+def _interrupted(prog: str) -> None:
+    print(f"{prog}: interrupted during start-up; nothing done", file=sys.stderr)  # noqa: T201
+    sys.exit(130)
