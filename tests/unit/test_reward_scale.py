@@ -32,11 +32,16 @@ def _rollout() -> TensorDict:
     flags = torch.zeros(w, t, 1, dtype=torch.bool)
     is_init = torch.zeros(w, t, 1, dtype=torch.bool)
     is_init[:, 0] = True
+    net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(2), hidden_size=4)
+    # the stored states a collector keeps (GAE refuses a rollout without them)
+    states = {key: torch.zeros(w, t, *net.state_shape) for key in net.state_keys}
     return TensorDict(
         {
+            **states,
             "observation": torch.randn(w, t, 2),
             "is_init": is_init,
             "next": {
+                **{key: state.clone() for key, state in states.items()},
                 "observation": torch.randn(w, t, 2),
                 "is_init": torch.zeros_like(flags),
                 "reward": torch.randn(w, t, 1),

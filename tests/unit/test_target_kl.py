@@ -54,6 +54,7 @@ def _rollout(w: int = 4, t: int = 8) -> TensorDict:
             "action": torch.randint(0, 2, (w, t)),
             "action_log_prob": torch.full((w, t), -0.69),
             "next": {
+                **{key: state.clone() for key, state in states.items()},
                 "observation": torch.randn(w, t, 2),
                 "is_init": flags.clone(),
                 "reward": torch.randn(w, t, 1),
