@@ -340,7 +340,12 @@ def group_dims(td: TensorDictBase, lead: int = 2) -> dict[tuple[str, ...], Group
         values = dict.items(node._tensordict) if type(node) is TensorDict else node.items()
         any_leaf = False
         for key, value in values:
-            if not is_tensor_collection(value) or is_non_tensor(value):
+            # a plain tensor first: most leaves are, and this runs per minibatch
+            if (
+                type(value) is torch.Tensor
+                or not is_tensor_collection(value)
+                or is_non_tensor(value)
+            ):
                 any_leaf = True
                 continue
             path = (*prefix, key)

@@ -16,13 +16,19 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey, TensorDictBase, unravel_key
 from torch import nn
 from torchrl.modules import GRUModule, LSTMModule, recurrent_mode
 
 from rppo_td._validation import MissingKeyError, check_dtype, get_key
 
-__all__ = ["episode_ends", "functional_parameters", "network_values"]
+__all__ = [
+    "episode_ends",
+    "functional_parameters",
+    "network_values",
+    "state_dtype_error",
+    "torchrl_cores",
+]
 
 
 def network_values(
@@ -121,14 +127,14 @@ def _check_inputs(
     a network that forgot its episode. ``is_init`` is left to the caller (it is derived
     under ``"next"``).
     """
-    skip = _unwrap(is_init_key)
+    skip = unravel_key(is_init_key)
     places = [(following, "next")] if not current else [(tensordict, None), (following, "next")]
     for td, prefix in places:
         for key in in_keys:
-            key = _unwrap(key)
+            key = unravel_key(key)
             if key == skip or td.get(key, None) is not None:
                 continue
-            path = key if prefix is None else (prefix, *(key if isinstance(key, tuple) else (key,)))
+            path = key if prefix is None else unravel_key((prefix, key))
             raise MissingKeyError(
                 f"{who}: the value network reads {key!r} (one of its in_keys), and the "
                 f"rollout has no {path!r}: keep it in the rollout. (A collector stores the "
@@ -138,31 +144,52 @@ def _check_inputs(
 
 
 def _check_state_dtypes(network: object, places: list[TensorDictBase], who: str) -> None:
-    """Refuses a stored state of another dtype than its TorchRL recurrent module's weights.
-
-    oneDNN fails on it with "get_mkldnn_dtype: unsupported data type", naming nothing.
-    """
+    """Refuses a stored state of another dtype than its TorchRL recurrent module's weights."""
     if not isinstance(network, nn.Module):
         return
-    for module in network.modules():
-        if not isinstance(module, LSTMModule | GRUModule):
-            continue
-        core = module.lstm if isinstance(module, LSTMModule) else module.gru
-        weight = core.weight_ih_l0
-        for key in module.in_keys[1:-1]:  # in_key, the states, is_init
+    for module, weight, states, _ in torchrl_cores(network):
+        for key in states:
             for td in places:
                 state = td.get(key, None)
                 if isinstance(state, torch.Tensor) and state.dtype != weight.dtype:
-                    raise ValueError(
-                        f"{who}: the stored state {key!r} is {state.dtype}, and the value "
-                        f"network's {type(module).__name__} computes in {weight.dtype}; store "
-                        "the states in the module's dtype"
-                    )
+                    raise state_dtype_error(who, key, state, "value network", module, weight)
 
 
-def _unwrap(key: NestedKey) -> NestedKey:
-    """``("a",)`` as ``"a"``: TorchRL writes a top-level key either way."""
-    return key[0] if isinstance(key, tuple) and len(key) == 1 else key
+def torchrl_cores(
+    network: nn.Module,
+) -> list[tuple[nn.Module, torch.Tensor, list[NestedKey], NestedKey]]:
+    """``(module, weight, state keys, is_init key)`` of each TorchRL recurrent module.
+
+    The ``LSTMModule`` s and ``GRUModule`` s inside ``network``; ``weight`` is the core's first
+    input weight, whose dtype the stored states must have (a tensor whether a loss or the
+    module holds it).
+    """
+    found = []
+    for module in network.modules():
+        if isinstance(module, LSTMModule | GRUModule):
+            core = module.lstm if isinstance(module, LSTMModule) else module.gru
+            *states, is_init = module.in_keys[1:]  # in_key, the states, is_init
+            found.append((module, core.weight_ih_l0, states, is_init))
+    return found
+
+
+def state_dtype_error(
+    who: str,
+    key: NestedKey,
+    state: torch.Tensor,
+    role: str,
+    module: nn.Module,
+    weight: torch.Tensor,
+) -> ValueError:
+    """A stored recurrent state of another dtype than its module's weights.
+
+    oneDNN's own error for it names nothing ("get_mkldnn_dtype: unsupported data type").
+    """
+    return ValueError(
+        f"{who}: the stored state {key!r} is {state.dtype}, but the {role}'s "
+        f"{type(module).__name__} has {weight.dtype} weights; store the recurrent state as "
+        f"{weight.dtype}"
+    )
 
 
 def _runs_recurrent(network: object) -> bool:

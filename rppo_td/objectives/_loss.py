@@ -13,14 +13,14 @@ from typing import Any, TypeGuard
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import CompositeDistribution, dispatch
-from torchrl.modules import GRUModule, LSTMModule, set_recurrent_mode
+from torchrl.modules import set_recurrent_mode
 from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
 from rppo_td._keys import RolloutKeys
 from rppo_td._validation import MissingKeyError, get_key
-from rppo_td._values import functional_parameters
+from rppo_td._values import functional_parameters, state_dtype_error, torchrl_cores
 from rppo_td.functional import masked_mean, masked_normalize
 from rppo_td.objectives._value import GAEEstimator
 
@@ -215,7 +215,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self.normalize_advantage_eps = float(normalize_advantage_eps)
         self.process_group = process_group
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
-        self._recurrent: tuple[tuple[str, Any], ...] | None = None
+        self._recurrent: tuple[tuple[str, Any, torch.Tensor, list, Any], ...] | None = None
         # False: the trunk runs once per network whatever the networks say (what
         # benchmarks/learn_phase.py compares with); None: as _shares_trunk finds
         self._trunk_shared: bool | None = None
@@ -434,20 +434,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
         """
         if self._recurrent is None:  # found once: walking the networks costs 60 us a call
             self._recurrent = tuple(
-                (role, module)
+                (role, *core)
                 for role, network in (
                     ("actor", self.actor_network),
                     ("critic", self.critic_network),
                 )
                 if network is not None
-                for module in network.modules()
-                if isinstance(module, LSTMModule | GRUModule)
+                for core in torchrl_cores(network)
             )
-        for role, module in self._recurrent:
-            core = module.lstm if isinstance(module, LSTMModule) else module.gru
-            # a tensor whether the loss holds the parameters or the module does
-            weight = core.weight_ih_l0
-            *states, is_init = module.in_keys[1:]
+        for role, module, weight, states, is_init in self._recurrent:
             for key in (*states, is_init):
                 if tensordict.get(key, None) is None:
                     what = "is_init" if key == is_init else "recurrent state"
@@ -459,11 +454,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             for key in states:
                 state = get_key(tensordict, key)
                 if state.dtype != weight.dtype:
-                    raise ValueError(
-                        f"RecurrentPPOLoss: {key!r} is {state.dtype}, but the {role}'s "
-                        f"{type(module).__name__} has {weight.dtype} weights; store the "
-                        f"recurrent state as {weight.dtype}"
-                    )
+                    raise state_dtype_error("RecurrentPPOLoss", key, state, role, module, weight)
 
     def loss_critic(
         self, tensordict: TensorDictBase
