@@ -1,12 +1,16 @@
 """The console scripts' entry points: ``rppo-train`` and ``rppo-eval``.
 
 They import the trainer (torch, TorchRL, gymnasium: a second or more) inside a guard, so that
-a Ctrl-C while it loads is one line and exit status 130, not a traceback from an import.
+a Ctrl-C or a SIGTERM while it loads is one line and exit status 130, not a traceback from an
+import (or, for SIGTERM, a silent death).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 
 __all__ = ["evaluate", "train"]
 
@@ -14,7 +18,8 @@ __all__ = ["evaluate", "train"]
 def train() -> None:
     """``rppo-train``: ``rppo_td.train.cli``."""
     try:
-        from rppo_td.train import cli
+        with _terminate_as_interrupt():
+            from rppo_td.train import cli
     except KeyboardInterrupt:
         _interrupted("rppo-train")
     cli()
@@ -23,10 +28,28 @@ def train() -> None:
 def evaluate() -> None:
     """``rppo-eval``: ``rppo_td.train.evaluate_main``."""
     try:
-        from rppo_td.train import evaluate_main
+        with _terminate_as_interrupt():
+            from rppo_td.train import evaluate_main
     except KeyboardInterrupt:
         _interrupted("rppo-eval")
     sys.exit(evaluate_main())
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` inside the block, then has its default action.
+
+    The console scripts' own process, in its main thread, before anything set a handler.
+    """
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _interrupted(prog: str) -> None:

@@ -12,7 +12,12 @@ import sys
 import threading
 
 from rppo_td._validation import first_line
-from rppo_td.train._cli import build_parser, config_from_args, list_presets
+from rppo_td.train._cli import (
+    build_parser,
+    config_from_args,
+    list_presets,
+    terminate_as_interrupt,
+)
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main
@@ -43,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     aborted by a second Ctrl-C, the last checkpoint kept.
     """
     try:
-        return _main(argv)
+        with terminate_as_interrupt():  # SIGTERM outside training: as a Ctrl-C
+            return _main(argv)
     except KeyboardInterrupt:  # a Ctrl-C between the run's own guards
         print("rppo-train: interrupted", file=sys.stderr)  # noqa: T201
         return 130

@@ -23,8 +23,9 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 from rppo_td._validation import first_line
 from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
+from rppo_td.modules._spaces import is_image
 from rppo_td.train._checkpoint import load_checkpoint
-from rppo_td.train._cli import ShortErrorParser
+from rppo_td.train._cli import ShortErrorParser, terminate_as_interrupt
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._outputs import json_text
 from rppo_td.train._setup import build_agent
@@ -246,6 +247,15 @@ def load_agent(
         config = config.replace(image_layout=image_layout)
     torch.set_num_threads(max(1, config.threads))
     agent = build_agent(config)
+    if image_layout is not None and not any(
+        isinstance(space, gym.spaces.Box) and is_image(space) for _, space in agent.leaves
+    ):
+        # the layout reads uint8 images only: on another run it would be ignored silently
+        raise ValueError(
+            f"image_layout={image_layout!r} (rppo-eval's --image-layout) is for a run with "
+            f"uint8 image observations; the run in {str(path)!r} ({config.env!r}) has none "
+            f"(observations {[key for key, _ in agent.leaves]}): leave it out"
+        )
     try:
         agent.load_state_dict(data["model"])
     except RuntimeError as err:
@@ -478,23 +488,26 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     video: dict[str, Any] = {}
     try:
-        path = check_video_path(args.video) if args.video is not None else None
-        # --stochastic: the same actions for the same seed (seeded before the agent is built,
-        # whose initialisation draws from the same generator, as rppo-eval always did)
-        torch.manual_seed(args.seed)
-        agent, config, data = load_agent(args.checkpoint, image_layout=args.image_layout)
-        if path is None:
-            result = evaluate_agent(
-                agent,
-                config.env,
-                episodes=args.episodes,
-                seed=args.seed,
-                deterministic=not args.stochastic,
-                max_episode_steps=args.max_episode_steps,
-            )
-        else:
-            with headless_rendering():
-                result, video = _evaluate_and_record(agent, config.env, args, path, video_episodes)
+        with terminate_as_interrupt():  # SIGTERM: as a Ctrl-C
+            path = check_video_path(args.video) if args.video is not None else None
+            # --stochastic: the same actions for the same seed (seeded before the agent is built,
+            # whose initialisation draws from the same generator, as rppo-eval always did)
+            torch.manual_seed(args.seed)
+            agent, config, data = load_agent(args.checkpoint, image_layout=args.image_layout)
+            if path is None:
+                result = evaluate_agent(
+                    agent,
+                    config.env,
+                    episodes=args.episodes,
+                    seed=args.seed,
+                    deterministic=not args.stochastic,
+                    max_episode_steps=args.max_episode_steps,
+                )
+            else:
+                with headless_rendering():
+                    result, video = _evaluate_and_record(
+                        agent, config.env, args, path, video_episodes
+                    )
     except (ValueError, KeyError, EnvError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         parser.exit(2, f"rppo-eval: error: {message}\n")

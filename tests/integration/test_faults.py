@@ -217,6 +217,21 @@ def test_one_signal_stops_after_the_update_with_a_checkpoint(reference, tmp_path
     _assert_same_as(reference, out)
 
 
+def test_sigterm_during_start_up_stops_the_env_processes_in_one_line(tmp_path):
+    # once the run's directory exists, start-up spawns the env processes: SIGTERM's default
+    # action killed the trainer mid-spawn (its workers' tracebacks, leaked semaphores, an
+    # empty directory left behind, no message)
+    out = tmp_path / "run"
+    proc = _start(_command(out, "--env-processes", "2"))
+    _wait(out.exists, proc, "the run's directory")
+    proc.send_signal(signal.SIGTERM)
+    code, err = _finish(proc)
+    assert code == 130, err[-2000:]
+    assert "rppo-train: interrupted during start-up; nothing trained" in err, err[-2000:]
+    assert "Traceback" not in err and "leaked" not in err, err[-2000:]
+    assert not out.exists()  # the half-made directory is removed, as on a Ctrl-C
+
+
 def test_double_sigint_aborts_and_keeps_the_last_checkpoint(reference, tmp_path):
     out = tmp_path / "run"
     proc = _start(_command(out))

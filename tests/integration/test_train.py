@@ -591,6 +591,20 @@ def test_rppo_eval_refuses_an_image_layout_the_checkpoint_contradicts(tmp_path, 
         load_agent(config.output, image_layout="channels_first")
 
 
+def test_rppo_eval_refuses_an_image_layout_on_a_run_without_images(tmp_path, capsys):
+    """--image-layout on a vector run would be ignored: refused by name, in one line."""
+    trainer, config = _run(tmp_path, eval_episodes=1)
+    trainer.run()
+    capsys.readouterr()
+    args = ["--checkpoint", config.output, "--episodes", "1"]
+    with pytest.raises(SystemExit) as info:
+        eval_main([*args, "--image-layout", "channels_last"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--image-layout" in err and "uint8 image observations" in err
+    assert eval_main(args) == 0
+
+
 def test_rppo_eval_stochastic_is_seeded(tmp_path, capsys):
     trainer, config = _run(tmp_path, eval_episodes=1)
     trainer.run()

@@ -289,3 +289,51 @@ def test_a_ctrl_c_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry
         getattr(_entry, entry)()
     assert exit_.value.code == 130
     assert capsys.readouterr().err == f"{prog}: interrupted during start-up; nothing done\n"
+
+
+@pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
+def test_a_sigterm_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog):
+    # SIGTERM's default action killed the process silently (status -15)
+    import builtins
+    import os
+    import signal
+    import time
+
+    from rppo_td import _entry
+
+    real_import = builtins.__import__
+
+    def terminated(name, *args, **kwargs):
+        if name == "rppo_td.train":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", terminated)
+    with pytest.raises(SystemExit) as exit_:
+        getattr(_entry, entry)()
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == f"{prog}: interrupted during start-up; nothing done\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back
+
+
+def test_terminate_as_interrupt_leaves_another_handler_alone():
+    import signal
+
+    from rppo_td.train._cli import terminate_as_interrupt
+
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with terminate_as_interrupt():
+            assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    with terminate_as_interrupt():
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler) and handler is not own
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGTERM, None)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
