@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -36,7 +38,9 @@ class SequenceReplaySampler(Sampler):
     rollout's sequences), pad with ``SequencePadder(pad_to=L)``: a ``LazyTensorStorage`` fixes
     ``[Lp]`` at its first ``extend``, ``Lp`` otherwise varies with the data, and the storage
     raises its own ``RuntimeError`` (before this sampler runs) when it changes. Emptying the
-    buffer also drops the rest of the current epoch.
+    buffer also drops the rest of the current epoch. ``ReplayBuffer(prefetch=k)`` is
+    supported: the sampler tells the buffer how many groups of the epoch are left, so the
+    groups sampled ahead never run into the next epoch.
 
     Args:
         num_minibatches: ``M >= 1`` groups per epoch.
@@ -72,21 +76,55 @@ class SequenceReplaySampler(Sampler):
         self.keys = keys if keys is not None else DEFAULT_KEYS
         self._plan: list[torch.Tensor] = []
         self._next = 0
+        # a buffer with prefetch calls sample() from its worker threads
+        self._lock = threading.Lock()
+
+    @property
+    def _remaining_batches(self) -> int:
+        """Groups of the current epoch not sampled yet (TorchRL's prefetch reads it).
+
+        ``ReplayBuffer(prefetch=k)`` queues a ``sample()`` ahead only while its queue is
+        shorter than this: the queued calls never draw the next epoch's groups into this one.
+        """
+        return len(self._plan) - self._next
 
     def sample(self, storage: Storage, batch_size: int | None = None) -> tuple[Any, dict]:
         """Returns the next group of sequence indices into ``storage`` and an empty info."""
-        if self._next >= len(self._plan):
-            self._plan = self._draw_epoch(storage)
-            self._next = 0
-        index = self._plan[self._next]
-        self._next += 1
-        return index, {}
+        with self._lock:
+            if self._next >= len(self._plan):
+                self._plan = self._draw_epoch(storage)
+                self._next = 0
+            index = self._plan[self._next]
+            count = len(storage)
+            if index.numel() and int(index.max()) >= count:
+                # a plan loaded with load_state_dict / loads for a larger storage
+                raise ValueError(
+                    f"SequenceReplaySampler's epoch plan reads stored sequence "
+                    f"{int(index.max())}, but the storage holds {count}: the plan was loaded "
+                    "(load_state_dict or loads) for a larger storage; load the buffer's storage "
+                    "with it, or start a new epoch (sampler.ran_out = False)"
+                )
+            self._next += 1
+            return index, {}
 
     def _draw_epoch(self, storage: Storage) -> list[torch.Tensor]:
+        ndim = getattr(storage, "ndim", 1)
+        if ndim != 1:
+            raise ValueError(
+                f"SequenceReplaySampler needs a 1-dim storage of sequences [Lp] (extended "
+                f"with a padded [N, Lp] tensordict), got {type(storage).__name__} with "
+                f"ndim={ndim}"
+            )
         count = len(storage)
         if count == 0:
             raise RuntimeError("SequenceReplaySampler cannot sample from an empty storage")
         stored = storage.get(torch.arange(count))
+        if not isinstance(stored, TensorDictBase):
+            raise TypeError(
+                f"SequenceReplaySampler reads loss_mask from a storage of tensordicts (such as "
+                f"LazyTensorStorage or LazyMemmapStorage); {type(storage).__name__} returned "
+                f"{type(stored).__name__}"
+            )
         mask = stored.get(self.keys.loss_mask, None)
         if mask is None:
             raise KeyError(
@@ -135,7 +173,8 @@ class SequenceReplaySampler(Sampler):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``state_dict()``'s output."""
-        self._plan = [torch.as_tensor(g) for g in state_dict["plan"]]
+        # copies: the caller's tensors stay theirs (state_dict() returns copies too)
+        self._plan = [torch.as_tensor(g, dtype=torch.int64).clone() for g in state_dict["plan"]]
         self._next = int(state_dict["next"])
 
     def dumps(self, path: str | Path) -> None:
@@ -150,6 +189,15 @@ class SequenceReplaySampler(Sampler):
         meta = json.loads((Path(path) / "sampler_metadata.json").read_text())
         self._plan = [torch.tensor(g, dtype=torch.int64) for g in meta["plan"]]
         self._next = int(meta["next"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]  # a lock does not pickle; a copy gets its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (

@@ -147,3 +147,62 @@ def test_refill_with_another_lp_without_pad_to_is_refused_by_the_storage():
     buffer.empty()
     with pytest.raises(RuntimeError, match="batch size"):
         buffer.extend(_padded(3))
+
+
+@pytest.mark.parametrize("prefetch", [1, 2, 4])
+def test_prefetch_never_serves_a_sequence_twice_in_an_epoch(prefetch):
+    # TorchRL queues sample() calls ahead on threads while the sampler says batches remain:
+    # without a count of the epoch's groups left, the queued calls drew the next epoch's
+    # groups into this one (about one epoch in three served every sequence twice)
+    count = 12
+    mask = torch.ones(count, 4, dtype=torch.bool)
+    for trial in range(10):
+        buffer = ReplayBuffer(
+            storage=LazyTensorStorage(count),
+            sampler=SequenceReplaySampler(3, generator=torch.Generator().manual_seed(trial)),
+            batch_size=1,
+            prefetch=prefetch,
+        )
+        uid = torch.arange(count).unsqueeze(-1).expand(mask.shape)
+        buffer.extend(TensorDict({"loss_mask": mask, "uid": uid}, batch_size=mask.shape))
+        for _ in range(3):
+            epoch = [mb["uid"][:, 0].tolist() for mb in buffer]
+            assert len(epoch) == 3
+            assert sorted(uid for group in epoch for uid in group) == list(range(count))
+
+
+def test_storages_the_sampler_cannot_read_are_refused_by_name():
+    from torchrl.data import ListStorage
+
+    padded = TensorDict({"loss_mask": MASK}, batch_size=MASK.shape)
+    listed = ReplayBuffer(storage=ListStorage(4), sampler=SequenceReplaySampler(2))
+    listed.extend(padded)
+    with pytest.raises(TypeError, match="ListStorage returned list"):
+        listed.sample(1)
+    two_dim = ReplayBuffer(storage=LazyTensorStorage(12, ndim=2), sampler=SequenceReplaySampler(2))
+    two_dim.extend(padded)
+    with pytest.raises(ValueError, match=r"1-dim storage .* LazyTensorStorage with ndim=2"):
+        two_dim.sample(1)
+
+
+def test_a_loaded_plan_is_copied_and_checked_against_the_storage():
+    sampler = SequenceReplaySampler(2, generator=torch.Generator().manual_seed(0))
+    buffer = _buffer(sampler)
+    buffer.sample(1)
+    state = sampler.state_dict()
+    second = state["plan"][1].tolist()
+    sampler.load_state_dict(state)
+    state["plan"][1].fill_(99)  # the caller's tensor, changed after loading
+    assert buffer.sample(1)["uid"][:, 0].tolist() == second
+    # a plan for a larger storage: refused by name, not a raw IndexError from the storage
+    small = _buffer(SequenceReplaySampler(1), mask=MASK[:2])
+    small.sampler.load_state_dict({"plan": [torch.tensor([0, 3])], "next": 0})
+    with pytest.raises(ValueError, match="reads stored sequence 3, but the storage holds 2"):
+        small.sample(1)
+    # the sampler pickles with its buffer (its lock is made anew)
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert [g.tolist() for g in copy.state_dict()["plan"]] == [
+        g.tolist() for g in sampler.state_dict()["plan"]
+    ]
