@@ -116,6 +116,19 @@ def average_gradients(parameters: Iterable[nn.Parameter], world_size: int) -> No
         offset += n
 
 
+def mean_over_ranks(values: dict[str, torch.Tensor], world_size: int) -> dict[str, torch.Tensor]:
+    """Each 0-dim tensor of ``values`` averaged over the ranks: one all-reduce for all.
+
+    ``RecurrentPPOLoss`` with a process group gives each rank its own sum over the all-ranks
+    step count times ``world_size``, so the loss over every rank's steps is the ranks' mean.
+    """
+    names = list(values)
+    flat = torch.stack([values[name].detach().to(torch.float64) for name in names])
+    dist.all_reduce(flat)
+    flat /= world_size
+    return {name: flat[i] for i, name in enumerate(names)}
+
+
 def parameters_in_sync(module: nn.Module) -> bool:
     """Whether every rank holds exactly rank 0's parameters (one broadcast and one reduce)."""
     flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])

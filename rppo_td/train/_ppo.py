@@ -12,7 +12,7 @@ from torch import nn
 from rppo_td.modules import RecurrentActor, RecurrentCritic
 from rppo_td.objectives import RecurrentPPOLoss
 from rppo_td.sampling import SequenceSampler
-from rppo_td.train._distributed import average_gradients
+from rppo_td.train._distributed import average_gradients, mean_over_ranks
 from rppo_td.transforms import (
     GAE,
     EpisodeSplitter,
@@ -182,6 +182,11 @@ class PPOUpdate:
             # the ranks stop at the same epoch
             if self.settings.target_kl and float(kl) / batches > self.settings.target_kl:
                 break
+        if self.world_size > 1:
+            # each rank's loss terms are its own share (see mean_over_ranks): the logged loss
+            # is the one over every rank's steps, as the diagnostics (reduced in the loss) are
+            losses = [name for name in totals if name.startswith("loss_")]
+            totals.update(mean_over_ranks({name: totals[name] for name in losses}, self.world_size))
         means = {name: float(value) / count for name, value in totals.items()}
         means["epochs"] = epochs
         if self.novelty is not None:

@@ -61,3 +61,60 @@ def test_the_group_resumes(run):
     assert "rank 1: only rank 0's envs are checkpointed" in done.stderr
     assert done.stderr.count("resumed") == 2  # both ranks loaded the checkpoint
     assert json.loads((run / "summary.json").read_text())["ranks_in_sync"] is True
+
+
+# A 2-rank run that records, on each rank, what every update logs (the means PPOUpdate
+# returns) and each rank's own loss terms before they are averaged over the ranks.
+RANK_LOSSES = """
+import json, sys
+import torch.distributed as dist
+from rppo_td.train import _ppo
+from rppo_td.train._config import TrainConfig
+from rppo_td.train._loop import Trainer
+logged, own = [], []
+call, mean = _ppo.PPOUpdate.__call__, _ppo.mean_over_ranks
+def record_call(self, rollout, *, clip_epsilon):
+    out = call(self, rollout, clip_epsilon=clip_epsilon)
+    logged.append({k: v for k, v in out.items() if k.startswith("loss_") or k == "epochs"})
+    return out
+def record_mean(values, world_size):
+    own.append({k: float(v) for k, v in values.items()})
+    return mean(values, world_size)
+_ppo.PPOUpdate.__call__, _ppo.mean_over_ranks = record_call, record_mean
+config = TrainConfig(total_steps=512, num_workers=4, rollout_steps=16, hidden_size=16,
+                     eval_episodes=0, progress=False, output=sys.argv[1], num_minibatches=2)
+trainer = Trainer(config)
+trainer.run()
+everyone = [None, None]
+dist.all_gather_object(everyone, (logged, own))
+if dist.get_rank() == 0:
+    print(json.dumps(everyone))
+trainer.leave_group()
+"""
+
+
+def test_the_logged_loss_is_the_loss_over_every_rank(tmp_path):
+    # each rank's loss terms are its own share: rank 0's alone were logged (the diagnostics,
+    # reduced in the loss, were already every rank's)
+    script = tmp_path / "rank_losses.py"
+    script.write_text(RANK_LOSSES)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), str(tmp_path / "run")]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (logged0, own0), (logged1, own1) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(logged0) == len(own0) == 4 and logged0 == logged1  # every rank logs the same
+    assert any(own0[u]["loss_critic"] != own1[u]["loss_critic"] for u in range(4))
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    for update, row in enumerate(rows[1:]):
+        values = dict(zip(header, row.split(","), strict=True))
+        for name in ("loss_objective", "loss_critic", "loss_entropy", "loss_total"):
+            # the mean of the ranks' sums over the update's minibatches (2 an epoch)
+            count = 2 * logged0[update]["epochs"]
+            expected = (own0[update][name] + own1[update][name]) / 2 / count
+            assert logged0[update][name] == pytest.approx(expected, rel=1e-6)
+            assert logged0[update][name] == pytest.approx(float(values[name]), rel=1e-6)
