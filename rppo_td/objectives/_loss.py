@@ -307,6 +307,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
             return self._masked_forward(tensordict)
 
     def _masked_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.batch_size.numel() == 0:  # (TensorDict.numel() says 1 for [0, Lp])
+            # before any collective: torch's max() of the empty ratios failed naming nothing
+            raise ValueError(
+                f"RecurrentPPOLoss got an empty minibatch (batch size "
+                f"{list(tensordict.batch_size)}): it needs at least one sequence of one step"
+            )
         self._check_recurrent_inputs(tensordict)
         tensordict = tensordict.clone(False)  # the estimator and actors write into it
         keys = self.tensor_keys

@@ -145,17 +145,31 @@ class Trainer:
             self.device = start_group(self.ranks, _check_device(config.device))
             self.directory = config.output_dir()
             created = None if self.directory.exists() else self.directory
+            refused: Exception | None = None
             if self.ranks.main:
-                lock = prepare_run_directory(
-                    self.directory,
-                    resuming=checkpoint is not None,
-                    overwrite=config.overwrite,
-                    keep=None
-                    if checkpoint is None
-                    else (checkpoint.get("env_state") or {}).get("file"),
-                    lock=self._lock is None,
+                try:
+                    lock = prepare_run_directory(
+                        self.directory,
+                        resuming=checkpoint is not None,
+                        overwrite=config.overwrite,
+                        keep=None
+                        if checkpoint is None
+                        else (checkpoint.get("env_state") or {}).get("file"),
+                        lock=self._lock is None,
+                    )
+                    self._lock = self._lock or lock
+                except Exception as err:  # raised again below, and told to every rank
+                    refused = err
+            # rank 0 alone prepares the directory: the others learn of a refusal before the
+            # first collective, which would otherwise break off in a gloo traceback
+            told = self.ranks.distributed and any_rank(refused is not None, self.device)
+            if told and refused is None:
+                raise ValueError(
+                    f"rank {self.ranks.rank}: rank 0 refused the output directory "
+                    f"{str(self.directory)!r}; its message says why"
                 )
-                self._lock = self._lock or lock
+            if refused is not None:
+                raise refused
             self._build(config, checkpoint)
         except BaseException:
             self.release()

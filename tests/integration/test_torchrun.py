@@ -55,6 +55,19 @@ def test_two_ranks_train_one_run_in_sync(run):
     assert all(torch.isfinite(v).all() for v in checkpoint["model"].values())
 
 
+def test_a_refused_output_directory_is_one_line_on_every_rank(run):
+    # rank 0 alone prepares the directory: rank 1 went on to the first broadcast and broke
+    # off in a 27-line gloo traceback when rank 0 exited
+    done = _torchrun("--preset", "smoke", "--output", str(run))
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
+    assert len(errors) == 2, done.stderr[-3000:]
+    assert "already holds a run" in errors[0] or "already holds a run" in errors[1]
+    assert any("rank 1: rank 0 refused the output directory" in line for line in errors)
+    # torchrun's own ChildFailedError report follows; no rank prints a traceback
+    assert "[rank1]" not in done.stderr and "closed by peer" not in done.stderr, done.stderr
+
+
 def test_the_group_resumes(run):
     done = _torchrun("--resume", str(run))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -245,6 +245,11 @@ def test_refusals():
     # TorchRL's loss failed on it with "'NoneType' object has no attribute 'requires_grad'"
     with pytest.raises(KeyError, match="needs the actions taken, 'action'"):
         _loss(agent)(_padded(agent).exclude("action"))
+    # torch's max() of the empty ratios failed naming nothing (after, with a process
+    # group, the count's all-reduce: the other ranks then waited in the next collective)
+    empty = _padded(agent)[:0]
+    with pytest.raises(ValueError, match=r"empty minibatch \(batch size \[0, \d+\]\)"):
+        _loss(agent)(empty)
 
 
 @pytest.mark.parametrize(
