@@ -7,10 +7,9 @@ import (or, for SIGTERM, a silent death).
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
-from collections.abc import Iterator
+
+from rppo_td._signals import terminate_as_interrupt
 
 __all__ = ["evaluate", "train"]
 
@@ -18,7 +17,7 @@ __all__ = ["evaluate", "train"]
 def train() -> None:
     """``rppo-train``: ``rppo_td.train.cli``."""
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             from rppo_td.train import cli
     except KeyboardInterrupt:
         _interrupted("rppo-train")
@@ -28,28 +27,11 @@ def train() -> None:
 def evaluate() -> None:
     """``rppo-eval``: ``rppo_td.train.evaluate_main``."""
     try:
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             from rppo_td.train import evaluate_main
     except KeyboardInterrupt:
         _interrupted("rppo-eval")
     sys.exit(evaluate_main())
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises ``KeyboardInterrupt`` inside the block, then has its default action.
-
-    The console scripts' own process, in its main thread, before anything set a handler.
-    """
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _interrupted(prog: str) -> None:

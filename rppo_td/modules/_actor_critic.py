@@ -339,6 +339,11 @@ class RecurrentActorCritic(nn.Module):
         return [key for key, _ in self.leaves]
 
     @property
+    def image_keys(self) -> list[NestedKey]:
+        """The keys of the uint8 image leaves (read by a CNN, see ``image_layout``), in order."""
+        return [key for key, _, image in self._box_leaves if image]
+
+    @property
     def actor_state_keys(self) -> tuple[str, ...]:
         """Rollout keys of the actor's recurrent state (empty without recurrence)."""
         return STATE_KEYS.get(self.recurrence, ())

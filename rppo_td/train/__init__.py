@@ -11,13 +11,9 @@ import signal
 import sys
 import threading
 
+from rppo_td._signals import terminate_as_interrupt
 from rppo_td._validation import first_line
-from rppo_td.train._cli import (
-    build_parser,
-    config_from_args,
-    list_presets,
-    terminate_as_interrupt,
-)
+from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main

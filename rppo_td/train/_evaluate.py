@@ -20,12 +20,12 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from rppo_td._signals import terminate_as_interrupt
 from rppo_td._validation import first_line
 from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
-from rppo_td.modules._spaces import is_image
 from rppo_td.train._checkpoint import load_checkpoint
-from rppo_td.train._cli import ShortErrorParser, terminate_as_interrupt
+from rppo_td.train._cli import ShortErrorParser
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._outputs import json_text
 from rppo_td.train._setup import build_agent
@@ -247,14 +247,12 @@ def load_agent(
         config = config.replace(image_layout=image_layout)
     torch.set_num_threads(max(1, config.threads))
     agent = build_agent(config)
-    if image_layout is not None and not any(
-        isinstance(space, gym.spaces.Box) and is_image(space) for _, space in agent.leaves
-    ):
+    if image_layout is not None and not agent.image_keys:
         # the layout reads uint8 images only: on another run it would be ignored silently
         raise ValueError(
             f"image_layout={image_layout!r} (rppo-eval's --image-layout) is for a run with "
             f"uint8 image observations; the run in {str(path)!r} ({config.env!r}) has none "
-            f"(observations {[key for key, _ in agent.leaves]}): leave it out"
+            f"(observations {agent.observation_keys}): leave it out"
         )
     try:
         agent.load_state_dict(data["model"])

@@ -320,7 +320,7 @@ def test_a_sigterm_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entr
 def test_terminate_as_interrupt_leaves_another_handler_alone():
     import signal
 
-    from rppo_td.train._cli import terminate_as_interrupt
+    from rppo_td._signals import terminate_as_interrupt
 
     def own(signum, frame):
         pass
