@@ -126,7 +126,8 @@ def observation_problem(obs: Any, space: gym.Space, label: str = "observation") 
     Works on one observation and on a batch with leading dims alike (the checks are
     elementwise): float ``Box`` values must be finite, ``Discrete``/``MultiDiscrete`` values in
     ``[start, start + n)`` and ``MultiBinary`` values 0 or 1. The form (shape, dtype) is
-    assumed checked already. Integer ``Box`` bounds are not enforced.
+    assumed checked already. ``Box`` bounds, float or integer, are not enforced: many envs'
+    observations stray past the bounds they declare, and the agent reads them anyway.
     """
     low: Any
     high: Any
@@ -186,9 +187,12 @@ class EnvChecker(gym.Wrapper):
     truncated, info)`` (the old gym APIs); a non-scalar or non-finite reward; a non-bool
     ``terminated``/``truncated``; a non-dict ``info``; an observation whose type, shape or
     dtype does not fit ``env.observation_space`` (``form_problem``), or with NaN/inf or
-    out-of-range values (``observation_problem``). Like gymnasium's ``OrderEnforcing``
-    (which ``make_env`` leaves out), a ``step`` before the first ``reset`` raises
-    ``gymnasium.error.ResetNeeded``.
+    out-of-range discrete values (``observation_problem``). Like gymnasium's
+    ``OrderEnforcing`` (which ``make_env`` leaves out), a ``step`` before the first ``reset``
+    raises ``gymnasium.error.ResetNeeded``; so does a ``step`` after the env ended the
+    episode (terminated, or truncated by its own limit), which envs answer with anything
+    (moving on past the goal, paying again, or no end flag at all). Gymnasium's ``TimeLimit``,
+    above this wrapper, goes on answering truncated after its own limit.
 
     Observations are checked on every call with ``check_observations``; without it only
     each episode's final one is (``CheckedVectorEnv`` checks the others as one batch, and
@@ -211,6 +215,7 @@ class EnvChecker(gym.Wrapper):
         self.env_id = env_id
         self.check_observations = check_observations
         self._needs_reset = True
+        self._started = False
         space = env.observation_space
         box = isinstance(space, gym.spaces.Box)
         self._float_box = box and space.dtype is not None and space.dtype.kind == "f"
@@ -237,12 +242,16 @@ class EnvChecker(gym.Wrapper):
         if self.check_observations:
             self._check_observation(result[0], "reset()")
         self._needs_reset = False
+        self._started = True
         return result
 
     def step(self, action: Any):
         """``env.step`` with its result checked; one chain of type tests on the common path."""
         if self._needs_reset:
-            raise gym.error.ResetNeeded("Cannot call env.step() before calling env.reset()")
+            raise gym.error.ResetNeeded(
+                f"env {self.env_id!r}: cannot call step() "
+                + ("after the episode ended; call reset()" if self._started else "before reset()")
+            )
         try:
             result = self.env.step(action)
         except EnvError:
@@ -261,7 +270,10 @@ class EnvChecker(gym.Wrapper):
             and _isfinite(reward)
         ):
             result = self._step_slow(result)
-        if terminated or truncated or self.check_observations:
+        if terminated or truncated:
+            self._needs_reset = True
+            self._check_observation(obs, "step()")
+        elif self.check_observations:
             self._check_observation(obs, "step()")
         return result
 

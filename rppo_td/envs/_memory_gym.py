@@ -141,6 +141,7 @@ class MemoryGymAdapter(gym.Wrapper):
         self.observation_space = gym.spaces.Box(0, 255, space.shape, dtype=np.uint8)
         self._steps = 0
         self._max_steps: int | None = None
+        self._ended = False
         MemoryGymAdapter._open += 1
 
     def close(self) -> None:
@@ -169,6 +170,7 @@ class MemoryGymAdapter(gym.Wrapper):
         """Resets the env and reads its time limit (``max_steps``) from ``options``' result."""
         obs, info = self.env.reset(seed=seed, options=options)
         self._steps = 0
+        self._ended = False
         # memory-gym completes the reset parameters from its defaults during reset
         params = getattr(self.env.unwrapped, "reset_params", None) or {}
         limit = params.get("max_steps")
@@ -176,7 +178,16 @@ class MemoryGymAdapter(gym.Wrapper):
         return self._image(obs), info
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """One step; a time-out end comes out as truncated, not terminated."""
+        """One step; a time-out end comes out as truncated, not terminated.
+
+        Raises ``gymnasium.error.ResetNeeded`` after the episode ended: memory-gym's envs step
+        on past their end, some without any end flag (Mystery Path after its time-out).
+        """
+        if self._ended:
+            raise gym.error.ResetNeeded(
+                f"{self.spec.id if self.spec else 'memory-gym env'}: cannot call step() after "
+                "the episode ended; call reset()"
+            )
         obs, reward, done, truncated, info = self.env.step(action)
         self._steps += 1
         timed_out = (
@@ -186,7 +197,9 @@ class MemoryGymAdapter(gym.Wrapper):
             and not _real_end(info)
         )
         terminated = bool(done) and not timed_out
-        return self._image(obs), float(reward), terminated, bool(truncated) or timed_out, info
+        truncated = bool(truncated) or timed_out
+        self._ended = terminated or truncated
+        return self._image(obs), float(reward), terminated, truncated, info
 
 
 def make_memory_gym(memory_gym_id: str, render_mode: str | None = None) -> gym.Env:

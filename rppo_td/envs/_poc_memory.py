@@ -69,6 +69,7 @@ class PocMemory(gym.Env):
         self.action_space = gym.spaces.Discrete(2)
         self._cell = 0  # position = cell * 0.2, kept as an integer: no drift
         self._steps = 0
+        self._ended = False
         self._right_pays = True
 
     def _observation(self) -> np.ndarray:
@@ -84,19 +85,29 @@ class PocMemory(gym.Env):
         super().reset(seed=seed)
         self._cell = 0
         self._steps = 0
+        self._ended = False
         self._right_pays = bool(self.np_random.integers(2))
         return self._observation(), {}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Moves one cell (not during the first 2 steps); pays at either end."""
+        """Moves one cell (not during the first 2 steps); pays at either end.
+
+        Raises ``gymnasium.error.ResetNeeded`` after the episode ended at an end of the track
+        (it would move past the end and pay again).
+        """
         if not self.action_space.contains(action):
             raise ValueError(f"action must be 0 (left) or 1 (right), got {action!r}")
+        if self._ended:
+            raise gym.error.ResetNeeded(
+                "PocMemory: cannot call step() after the episode ended; call reset()"
+            )
         if self._steps >= _SHOW_STEPS:
             self._cell += 1 if int(action) == 1 else -1
         self._steps += 1
         if abs(self._cell) < _CELLS:
             return self._observation(), -_TIME_PENALTY, False, False, {}
         paid = (self._cell > 0) == self._right_pays
+        self._ended = True
         return self._observation(), _GOAL_REWARD if paid else -_GOAL_REWARD, True, False, {}
 
     def render(self) -> np.ndarray | None:  # type: ignore[override]

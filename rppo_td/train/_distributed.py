@@ -167,6 +167,15 @@ def gather_episodes(returns: list[float], lengths: list[int]) -> tuple[list[floa
     )
 
 
+def share_from_main(value: Any, ranks: Ranks) -> Any:
+    """Rank 0's ``value`` (any picklable object) on every rank; ``value`` itself in one process."""
+    if not ranks.distributed:
+        return value
+    box = [value if ranks.main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank if ``flag`` is True on any (a stop request seen by one rank)."""
     value = torch.tensor([int(flag)], device=device)

@@ -40,6 +40,7 @@ from rppo_td.train._distributed import (
     gather_ranks,
     leave_group,
     parameters_in_sync,
+    share_from_main,
     start_group,
 )
 from rppo_td.train._evaluate import evaluate_agent
@@ -160,14 +161,12 @@ class Trainer:
                     self._lock = self._lock or lock
                 except Exception as err:  # raised again below, and told to every rank
                     refused = err
-            # rank 0 alone prepares the directory: the others learn of a refusal before the
-            # first collective, which would otherwise break off in a gloo traceback
-            told = self.ranks.distributed and any_rank(refused is not None, self.device)
-            if told and refused is None:
-                raise ValueError(
-                    f"rank {self.ranks.rank}: rank 0 refused the output directory "
-                    f"{str(self.directory)!r}; its message says why"
-                )
+            # rank 0 alone prepares the directory: the others learn of a refusal, and why,
+            # before the first collective, which would otherwise break off in a gloo
+            # traceback (each rank says why: torchrun may stop rank 0 before it has)
+            reason = share_from_main(None if refused is None else str(refused), self.ranks)
+            if reason is not None and refused is None:
+                raise ValueError(f"rank {self.ranks.rank}: {reason}")
             if refused is not None:
                 raise refused
             self._build(config, checkpoint)

@@ -261,8 +261,22 @@ def test_our_message_comes_before_gymnasiums_passive_checker():
 
 
 def test_step_before_reset_is_refused():
-    with pytest.raises(gym.error.ResetNeeded):
+    with pytest.raises(gym.error.ResetNeeded, match="before reset"):
         make_env(_id("none")).step(0)
+
+
+def test_step_after_the_episode_ended_is_refused():
+    # an env answers a step after its end with anything: CartPole warns and steps on (a
+    # truncation by gymnasium's TimeLimit, above the checker, keeps answering truncated)
+    env = make_env("CartPole-v1")
+    env.reset(seed=0)
+    terminated = False
+    while not terminated:
+        _, _, terminated, _, _ = env.step(0)  # pushes left until the pole falls
+    with pytest.raises(gym.error.ResetNeeded, match=r"'CartPole-v1': .*after the episode ended"):
+        env.step(0)
+    env.reset(seed=1)
+    env.step(0)  # a new episode steps again
 
 
 def test_evaluate_agent_raises_the_same_error():

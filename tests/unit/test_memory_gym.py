@@ -142,6 +142,17 @@ def test_mystery_path_grids_default_limit_is_128_steps_and_a_truncation():
     assert (steps, flags) == (128, (False, True))
 
 
+def test_a_step_after_the_end_is_refused():
+    # memory-gym steps on past its end; Mystery Path after its time-out without an end flag
+    env = gym.make("rppo_td/MysteryPath-Grid-v0")
+    steps, flags, _ = _episode(env, 0, seed=1, options={"max_steps": 3})
+    assert (steps, flags) == (3, (False, True))
+    with pytest.raises(gym.error.ResetNeeded, match=r"MysteryPath-Grid-v0: .*after the episode"):
+        env.step(0)
+    env.reset(seed=1)
+    env.step(0)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_reaching_the_goal_terminates_even_on_the_last_step(seed):
     env = make_env("rppo_td/MysteryPath-Grid-v0")

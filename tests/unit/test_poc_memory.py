@@ -52,6 +52,18 @@ def test_the_wrong_end_punishes_and_the_time_limit_truncates():
     assert all(r == pytest.approx(-0.1) for r in rewards)
 
 
+def test_a_step_after_the_end_is_refused():
+    # it moved on past the end, out of its own observation space, and paid again
+    env = PocMemory()
+    obs, _ = env.reset(seed=0)
+    _, _, ends = _run(env, [int(obs[2] > 0)] * 7, seed=0)
+    assert ends[-1] == (True, False)
+    with pytest.raises(gym.error.ResetNeeded, match="after the episode ended"):
+        env.step(1)
+    env.reset(seed=0)
+    assert env.step(1)[1] == pytest.approx(-0.1)
+
+
 def test_both_ends_pay_as_often():
     env = PocMemory()
     right = [bool(env.reset(seed=s)[0][2] > 0) for s in range(400)]
