@@ -176,6 +176,11 @@ def share_from_main(value: Any, ranks: Ranks) -> Any:
     return box[0]
 
 
+def wait_for_ranks() -> None:
+    """Returns once every rank has called it (a barrier)."""
+    dist.barrier()
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank if ``flag`` is True on any (a stop request seen by one rank)."""
     value = torch.tensor([int(flag)], device=device)

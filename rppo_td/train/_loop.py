@@ -42,6 +42,7 @@ from rppo_td.train._distributed import (
     parameters_in_sync,
     share_from_main,
     start_group,
+    wait_for_ranks,
 )
 from rppo_td.train._evaluate import evaluate_agent
 from rppo_td.train._outputs import (
@@ -593,6 +594,10 @@ class Trainer:
             if metrics is not None:
                 metrics.close()
                 _plot(self.directory, title=f"{c.env} ({c.recurrence})")
+        if stopped and self.ranks.distributed:
+            # the ranks leave together: torchrun stops every rank once one has exited, and
+            # rank 0 may still be closing the run's files (a SIGTERM to one rank alone)
+            wait_for_ranks()
         if stopped:
             log.info(
                 "stopped at update %d; continue with --resume %s",

@@ -131,3 +131,43 @@ def test_the_logged_loss_is_the_loss_over_every_rank(tmp_path):
             expected = (own0[update][name] + own1[update][name]) / 2 / count
             assert logged0[update][name] == pytest.approx(expected, rel=1e-6)
             assert logged0[update][name] == pytest.approx(float(values[name]), rel=1e-6)
+
+
+# Rank 1 alone gets a SIGTERM at its third update; rank 0's closing steps (the plot) are slow
+# and end by writing a marker file.
+ONE_RANK_STOPPED = """
+import os, signal, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from rppo_td.train import _loop, main
+out = Path(sys.argv[1])
+one_update, plot = _loop.Trainer._one_update, _loop._plot
+def stopping_update(self):
+    row = one_update(self)
+    if dist.get_rank() == 1 and self.counters["update"] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return row
+def slow_plot(directory, *, title):
+    time.sleep(3)
+    plot(directory, title=title)
+    (out / "closed").write_text("rank 0 closed the run's files")
+_loop.Trainer._one_update, _loop._plot = stopping_update, slow_plot
+sys.exit(main(["--preset", "smoke", "--total-steps", "4096", "--output", str(out)]))
+"""
+
+
+def test_a_signal_to_one_rank_lets_rank_0_close_the_run(tmp_path):
+    # the signalled rank stopped with the others after the same update, then exited at once;
+    # torchrun then stopped rank 0 while it was still closing the run's files
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK_STOPPED)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), str(out)]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert (out / "closed").exists(), done.stderr[-3000:]
+    assert load_checkpoint(out)["counters"]["update"] == 3
+    assert len((out / "metrics.csv").read_text().splitlines()) == 1 + 3
