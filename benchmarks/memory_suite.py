@@ -87,16 +87,19 @@ TASKS = {
             475.0,
             100_000,
             # the preset's 8-step rollouts are one sequence per episode fragment: nothing to
-            # refresh or burn in; the ablation keeps the settings it was measured with
+            # refresh or burn in; the ablation keeps the settings it was measured with (the
+            # preset of 2026-12-01 afternoon, PRESET_CHANGES)
             ablation_base=(
                 CENTRED,
-                ("num-workers", "32"),
+                ("num-workers", "16"),
                 ("rollout-steps", "32"),
+                ("gamma", "0.98"),
                 ("epochs", "10"),
                 ("learning-rate", "0.001"),
                 ("value-coef", "0.5"),
             ),
-            ablation_why="the defaults before 2026-12-02 evening: the preset's 8-step rollouts "
+            ablation_why="the defaults of 2026-12-01 (16 workers x 32 steps, gamma 0.98, 10 "
+            "epochs, learning rate 1e-3, value_coef 0.5): the preset's 8-step rollouts now "
             "hold one sequence per episode fragment, with nothing to refresh or burn in; "
             + CENTRED_WHY,
         ),
@@ -179,6 +182,22 @@ PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
         "minigrid-memory-s9",
         {"novelty-bonus": "0.0", "novelty-steps": "0"},
     ),
+    # the cartpole_novel preset (TrainConfig's defaults written out), commit by commit
+    ("2026-12-01T20:56:37+00:00", "cartpole-novel", {"num-workers": "16", "gamma": "0.98"}),
+    (
+        "2026-12-02T15:58:23+00:00",
+        "cartpole-novel",
+        {
+            "num-workers": "32",
+            "rollout-steps": "32",
+            "epochs": "10",
+            "learning-rate": "0.001",
+            "value-coef": "0.5",
+        },
+    ),
+    ("2026-12-02T16:34:16+00:00", "cartpole-novel", {"epochs": "5"}),
+    # (centring, the default until 2026-12-04, is in every earlier run's overrides already)
+    ("2026-12-06T16:13:15+00:00", "cartpole-novel", {"learning-rate": "0.003"}),
 )
 
 
