@@ -100,6 +100,17 @@ def check_shape(name: NestedKey | str, x: torch.Tensor, expected: Sequence[int])
         raise ValueError(f"{_name(name)} must have shape {list(expected)}, got {list(x.shape)}")
 
 
+def check_batch_dims(batch_dims: object, name: str, x: torch.Tensor) -> None:
+    """Raises a ``ValueError`` unless ``batch_dims`` is an int in ``[1, x.ndim]``."""
+    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int):
+        raise ValueError(f"batch_dims must be an int, got {batch_dims!r}")
+    if not 1 <= batch_dims <= x.ndim:
+        raise ValueError(
+            f"batch_dims must be in [1, {name}.ndim = {x.ndim}] for {name} of shape "
+            f"{list(x.shape)}, got {batch_dims}"
+        )
+
+
 def check_dtype(name: NestedKey | str, x: torch.Tensor, dtype: torch.dtype) -> None:
     """Raises a ``ValueError`` unless ``x.dtype == dtype``."""
     if x.dtype != dtype:

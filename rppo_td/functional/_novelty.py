@@ -13,11 +13,18 @@ are equal bytes. Nothing here loops over workers, episodes or steps.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from rppo_td._validation import check_device, check_dtype, check_not_meta, check_tensors
+from rppo_td._validation import (
+    check_batch_dims,
+    check_device,
+    check_dtype,
+    check_not_meta,
+    check_tensors,
+)
 
 if TYPE_CHECKING:  # annotations only: functional imports torch alone
     from tensordict import NestedKey
@@ -53,14 +60,24 @@ def observation_words(observation: torch.Tensor, batch_dims: int = 2) -> torch.T
         batch_dims: how many leading dims are batch dims.
 
     Returns:
-        ``[*B, D]`` int64, ``D = ceil(bytes(F) / 8)`` (zero bytes pad the last word).
+        ``[*B, D]`` int64, ``D = max(1, ceil(bytes(F) / 8))`` (zero bytes pad the last word;
+        features of no bytes are one zero word, the same for every observation). An empty
+        batch gives ``[*B, D]`` with no rows.
+
+    Raises:
+        ValueError: ``observation`` not a tensor, or ``batch_dims`` not an int in
+            ``[1, observation.ndim]``.
 
     Example:
         >>> observation_words(torch.tensor([[[1, 2], [1, 2]]], dtype=torch.int32)).shape
         torch.Size([1, 2, 1])
     """
+    check_tensors({"observation": observation})
+    check_batch_dims(batch_dims, "observation", observation)
     batch = observation.shape[:batch_dims]
-    flat = observation.contiguous().reshape(*batch, -1)
+    # the feature size spelled out: -1 cannot be inferred for an empty batch
+    features = math.prod(observation.shape[batch_dims:])
+    flat = observation.contiguous().reshape(*batch, features)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     raw = flat.view(torch.uint8) if flat.shape[-1] else flat.to(torch.uint8)

@@ -6,7 +6,13 @@ import math
 
 import torch
 
-from rppo_td._validation import check_dtype, check_not_meta, check_tensors, check_values
+from rppo_td._validation import (
+    check_batch_dims,
+    check_dtype,
+    check_not_meta,
+    check_tensors,
+    check_values,
+)
 
 __all__ = ["pad_sequences", "padding_positions", "unpad_sequences"]
 
@@ -68,13 +74,7 @@ def pad_sequences(
                 [3, 0]])
     """
     check_tensors({"x": x, "flat_index": flat_index, "pad_positions": pad_positions})
-    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int):
-        raise ValueError(f"batch_dims must be an int, got {batch_dims!r}")
-    if not 1 <= batch_dims <= x.ndim:
-        raise ValueError(
-            f"batch_dims must be in [1, x.ndim = {x.ndim}] for x of shape {list(x.shape)}, "
-            f"got {batch_dims}"
-        )
+    check_batch_dims(batch_dims, "x", x)
     if flat_index.ndim != 2:
         raise ValueError(f"flat_index must have shape [B, Lp], got {list(flat_index.shape)}")
     if pad_positions.ndim != 1:

@@ -103,6 +103,23 @@ class RecurrentSpec:
 _small = st.integers(1, 4)
 
 
+def _check_int(name: str, value: object, low: int) -> None:
+    """A strategy parameter that must be an int ``>= low`` (not a bool), refused by name."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
+def _check_strategy(name: str, value: object) -> None:
+    """A strategy parameter that must be a hypothesis strategy, refused by name."""
+    if not isinstance(value, st.SearchStrategy):
+        raise TypeError(
+            f"{name} must be a hypothesis strategy (st.just({value!r}) for a fixed value), "
+            f"got {value!r}"
+        )
+
+
 @st.composite
 def _feature_specs(draw: st.DrawFn) -> FeatureSpec:
     kind = draw(st.sampled_from(["vector", "image", "integer", "flag"]), label="feature kind")
@@ -158,8 +175,12 @@ def episode_ends(
     """``(terminated, truncated)``, each ``[W, T, 1]`` bool, never both True at one step.
 
     Each step is an end with probability about ``2 / (end_rate + 2)``, half terminations and
-    half truncations; shrinks towards no ends at all.
+    half truncations; shrinks towards no ends at all. ``num_workers``, ``num_steps`` and
+    ``end_rate`` are ints ``>= 0`` (else a ``TypeError``/``ValueError`` names the parameter).
     """
+    _check_int("num_workers", num_workers, 0)
+    _check_int("num_steps", num_steps, 0)
+    _check_int("end_rate", end_rate, 0)
     codes = draw(
         st.lists(
             st.integers(0, end_rate + 1),
@@ -173,7 +194,11 @@ def episode_ends(
 
 
 def sequence_lengths(max_length: int = 12, allow_none: bool = True) -> st.SearchStrategy:
-    """``L`` in ``[1, max_length]``, or None (whole fragments) if allowed."""
+    """``L`` in ``[1, max_length]``, or None (whole fragments) if allowed.
+
+    ``max_length`` is an int ``>= 1`` (else a ``TypeError``/``ValueError`` names it).
+    """
+    _check_int("max_length", max_length, 1)
     lengths = st.integers(1, max_length)
     return st.one_of(lengths, st.none()) if allow_none else lengths
 
@@ -189,6 +214,8 @@ def discounts() -> st.SearchStrategy[float]:
 @st.composite
 def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tensor:
     """Episode-start masks ``[W, T]`` bool with column 0 True (every row starts a fragment)."""
+    _check_int("num_workers", num_workers, 0)
+    _check_int("num_steps", num_steps, 0)
     flags = draw(
         st.lists(st.booleans(), min_size=num_workers * num_steps, max_size=num_workers * num_steps)
     )
@@ -264,9 +291,15 @@ def rollouts(
             which draws None too; ``st.none()`` for a memory-less rollout).
         with_done: whether ``("next", "done")`` is written (default ``st.just(True)``).
         with_is_init: whether ``is_init`` is written (default ``st.booleans()``).
-        end_rate: each step ends an episode with probability about ``2 / (end_rate + 2)``.
+        end_rate: an int ``>= 0``: each step ends an episode with probability about
+            ``2 / (end_rate + 2)`` (0: every step).
         extra_starts: add ``is_init`` starts not preceded by ``done`` (see above).
         keys: key names (default ``RolloutKeys()``).
+
+    Raises:
+        TypeError: a parameter that must be a strategy is not one (``st.just(2)``, not
+            ``2``), or ``end_rate``/``extra_starts``/``keys`` of another type.
+        ValueError: ``end_rate < 0``, or a drawn ``W`` or ``T`` below 1.
 
     Example:
         >>> from hypothesis import given, settings, strategies as st
@@ -276,6 +309,22 @@ def rollouts(
         ...     assert td.batch_size == (3, 4) and td["state_value"].shape == (3, 4, 1)
         >>> test_shape()
     """
+    strategies = {
+        "num_workers": num_workers,
+        "num_steps": num_steps,
+        "observations": observations,
+        "actions": actions,
+        "recurrent": recurrent,
+        "with_done": with_done,
+        "with_is_init": with_is_init,
+    }
+    for name, value in strategies.items():
+        _check_strategy(name, value)
+    _check_int("end_rate", end_rate, 0)
+    if not isinstance(extra_starts, bool):
+        raise TypeError(f"extra_starts must be a bool, got {extra_starts!r}")
+    if keys is not None and not isinstance(keys, RolloutKeys):
+        raise TypeError(f"keys must be a RolloutKeys or None, got {keys!r}")
     keys = keys if keys is not None else RolloutKeys()
     workers = draw(num_workers, label="W")
     steps = draw(num_steps, label="T")

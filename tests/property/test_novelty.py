@@ -167,6 +167,21 @@ def test_empty_rollouts():
         torch.zeros(2, 0, dtype=torch.bool),
     )
     assert novel.shape == (2, 0) and carry.rows.shape == (0, 1)
+    # the words of an empty rollout (reshape(-1) could not infer the feature size)
+    assert functional.observation_words(torch.randn(0, 4, 3)).shape == (0, 4, 2)
+    assert functional.observation_words(torch.randn(3, 0, 3)).shape == (3, 0, 2)
+    for workers, steps in ((0, 4), (3, 0)):
+        out = EpisodicNoveltyBonus(0.1)(_rollout(workers, steps))
+        assert out["next", "reward"].shape == (workers, steps, 1)
+
+
+def test_observation_words_refuse_batch_dims_outside_the_tensor():
+    # batch_dims=3 on [2, 3] acted as 2, and -1 was read as a slice
+    with pytest.raises(ValueError, match=r"batch_dims must be in \[1, observation.ndim = 2\]"):
+        functional.observation_words(torch.zeros(2, 3), batch_dims=3)
+    with pytest.raises(ValueError, match="got -1"):
+        functional.observation_words(torch.zeros(2, 3, 4), batch_dims=-1)
+    assert functional.observation_words(torch.zeros(2, 3), batch_dims=2).shape == (2, 3, 1)
 
 
 def _rollout(workers=2, steps=3, reward_dtype=torch.float32):
