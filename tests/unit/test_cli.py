@@ -271,29 +271,10 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
 
 
 @pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
-def test_a_ctrl_c_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog):
-    # the console scripts imported torch and TorchRL before any guard: a traceback
-    import builtins
-
-    from rppo_td import _entry
-
-    real_import = builtins.__import__
-
-    def interrupted(name, *args, **kwargs):
-        if name == "rppo_td.train":
-            raise KeyboardInterrupt
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", interrupted)
-    with pytest.raises(SystemExit) as exit_:
-        getattr(_entry, entry)()
-    assert exit_.value.code == 130
-    assert capsys.readouterr().err == f"{prog}: interrupted during start-up; nothing done\n"
-
-
-@pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
-def test_a_sigterm_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog):
-    # SIGTERM's default action killed the process silently (status -15)
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stop_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog, stop):
+    # the console scripts imported torch and TorchRL before any guard: a traceback on a
+    # Ctrl-C, and SIGTERM's default action killed the process silently (status -15)
     import builtins
     import os
     import signal
@@ -303,13 +284,15 @@ def test_a_sigterm_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entr
 
     real_import = builtins.__import__
 
-    def terminated(name, *args, **kwargs):
+    def interrupted(name, *args, **kwargs):
         if name == "rppo_td.train":
+            if stop == "ctrl-c":
+                raise KeyboardInterrupt
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises before this ends
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", terminated)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
     with pytest.raises(SystemExit) as exit_:
         getattr(_entry, entry)()
     assert exit_.value.code == 130
