@@ -214,8 +214,8 @@ class EnvChecker(gym.Wrapper):
         super().__init__(env)
         self.env_id = env_id
         self.check_observations = check_observations
-        self._needs_reset = True
-        self._started = False
+        # why a step must wait for a reset, None once one is done
+        self._needs_reset: str | None = "before reset()"
         space = env.observation_space
         box = isinstance(space, gym.spaces.Box)
         self._float_box = box and space.dtype is not None and space.dtype.kind == "f"
@@ -241,16 +241,14 @@ class EnvChecker(gym.Wrapper):
             )
         if self.check_observations:
             self._check_observation(result[0], "reset()")
-        self._needs_reset = False
-        self._started = True
+        self._needs_reset = None
         return result
 
     def step(self, action: Any):
         """``env.step`` with its result checked; one chain of type tests on the common path."""
-        if self._needs_reset:
+        if self._needs_reset is not None:
             raise gym.error.ResetNeeded(
-                f"env {self.env_id!r}: cannot call step() "
-                + ("after the episode ended; call reset()" if self._started else "before reset()")
+                f"env {self.env_id!r}: cannot call step() {self._needs_reset}"
             )
         try:
             result = self.env.step(action)
@@ -271,7 +269,7 @@ class EnvChecker(gym.Wrapper):
         ):
             result = self._step_slow(result)
         if terminated or truncated:
-            self._needs_reset = True
+            self._needs_reset = "after the episode ended; call reset()"
             self._check_observation(obs, "step()")
         elif self.check_observations:
             self._check_observation(obs, "step()")

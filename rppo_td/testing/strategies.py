@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 from tensordict import NestedKey, TensorDict
 
 from rppo_td import RolloutKeys
+from rppo_td._validation import check_int_at_least
 
 __all__ = [
     "OBSERVATION_KEYS",
@@ -101,14 +102,6 @@ class RecurrentSpec:
 
 
 _small = st.integers(1, 4)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    """A strategy parameter that must be an int ``>= low`` (not a bool), refused by name."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
 
 
 def _check_strategy(name: str, value: object) -> None:
@@ -176,11 +169,11 @@ def episode_ends(
 
     Each step is an end with probability about ``2 / (end_rate + 2)``, half terminations and
     half truncations; shrinks towards no ends at all. ``num_workers``, ``num_steps`` and
-    ``end_rate`` are ints ``>= 0`` (else a ``TypeError``/``ValueError`` names the parameter).
+    ``end_rate`` are ints ``>= 0`` (else a ``ValueError`` names the parameter).
     """
-    _check_int("num_workers", num_workers, 0)
-    _check_int("num_steps", num_steps, 0)
-    _check_int("end_rate", end_rate, 0)
+    check_int_at_least("num_workers", num_workers, 0)
+    check_int_at_least("num_steps", num_steps, 0)
+    check_int_at_least("end_rate", end_rate, 0)
     codes = draw(
         st.lists(
             st.integers(0, end_rate + 1),
@@ -196,9 +189,9 @@ def episode_ends(
 def sequence_lengths(max_length: int = 12, allow_none: bool = True) -> st.SearchStrategy:
     """``L`` in ``[1, max_length]``, or None (whole fragments) if allowed.
 
-    ``max_length`` is an int ``>= 1`` (else a ``TypeError``/``ValueError`` names it).
+    ``max_length`` is an int ``>= 1`` (else a ``ValueError`` names it).
     """
-    _check_int("max_length", max_length, 1)
+    check_int_at_least("max_length", max_length, 1)
     lengths = st.integers(1, max_length)
     return st.one_of(lengths, st.none()) if allow_none else lengths
 
@@ -214,8 +207,8 @@ def discounts() -> st.SearchStrategy[float]:
 @st.composite
 def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tensor:
     """Episode-start masks ``[W, T]`` bool with column 0 True (every row starts a fragment)."""
-    _check_int("num_workers", num_workers, 0)
-    _check_int("num_steps", num_steps, 0)
+    check_int_at_least("num_workers", num_workers, 0)
+    check_int_at_least("num_steps", num_steps, 0)
     flags = draw(
         st.lists(st.booleans(), min_size=num_workers * num_steps, max_size=num_workers * num_steps)
     )
@@ -298,8 +291,8 @@ def rollouts(
 
     Raises:
         TypeError: a parameter that must be a strategy is not one (``st.just(2)``, not
-            ``2``), or ``end_rate``/``extra_starts``/``keys`` of another type.
-        ValueError: ``end_rate < 0``, or a drawn ``W`` or ``T`` below 1.
+            ``2``), or ``extra_starts``/``keys`` of another type.
+        ValueError: ``end_rate`` not an int ``>= 0``, or a drawn ``W`` or ``T`` below 1.
 
     Example:
         >>> from hypothesis import given, settings, strategies as st
@@ -320,7 +313,7 @@ def rollouts(
     }
     for name, value in strategies.items():
         _check_strategy(name, value)
-    _check_int("end_rate", end_rate, 0)
+    check_int_at_least("end_rate", end_rate, 0)
     if not isinstance(extra_starts, bool):
         raise TypeError(f"extra_starts must be a bool, got {extra_starts!r}")
     if keys is not None and not isinstance(keys, RolloutKeys):

@@ -215,14 +215,22 @@ def test_sizes_below_one_are_refused():
     [
         # end_rate -1 made every step a truncation silently; -2 and "x" failed in hypothesis
         # and in an addition, naming nothing
-        (lambda: rollouts(end_rate=-1), ValueError, "end_rate must be >= 0, got -1"),
-        (lambda: rollouts(end_rate="x"), TypeError, "end_rate must be an int, got 'x'"),
+        (lambda: rollouts(end_rate=-1), ValueError, "end_rate must be an int >= 0, got -1"),
+        (lambda: rollouts(end_rate="x"), ValueError, "end_rate must be an int >= 0, got 'x'"),
         (lambda: rollouts(num_workers=2), TypeError, r"num_workers must be a hypothesis"),
         (lambda: rollouts(extra_starts=1), TypeError, "extra_starts must be a bool"),
-        (lambda: episode_ends(-1, 3), ValueError, "num_workers must be >= 0, got -1"),
-        (lambda: episode_ends(2, 3, end_rate=-2), ValueError, "end_rate must be >= 0, got -2"),
-        (lambda: step_masks(2, 1.5), TypeError, "num_steps must be an int, got 1.5"),
-        (lambda: sequence_lengths(max_length=0), ValueError, "max_length must be >= 1, got 0"),
+        (lambda: episode_ends(-1, 3), ValueError, "num_workers must be an int >= 0, got -1"),
+        (
+            lambda: episode_ends(2, 3, end_rate=-2),
+            ValueError,
+            "end_rate must be an int >= 0, got -2",
+        ),
+        (lambda: step_masks(2, 1.5), ValueError, "num_steps must be an int >= 0, got 1.5"),
+        (
+            lambda: sequence_lengths(max_length=0),
+            ValueError,
+            "max_length must be an int >= 1, got 0",
+        ),
     ],
 )
 def test_bad_parameters_are_refused_by_name(strategy, error, message):
