@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -138,6 +138,12 @@ class SequenceStartStates(RolloutTransform):
         burn_in = int(burn_in)
         # one module (a bare torch module too, refused below by name), or an iterable of them
         one = isinstance(modules, torch.nn.Module) and not isinstance(modules, torch.nn.ModuleList)
+        if isinstance(modules, (str, bytes, Mapping)):
+            # iterating one would check its characters or keys, naming their type, not its own
+            raise TypeError(
+                "modules must be a TensorDict module or a sequence of them, got "
+                f"{type(modules).__name__}"
+            )
         module_list = [modules] if one or not isinstance(modules, Iterable) else list(modules)
         for module in module_list:
             if not isinstance(module, TensorDictModuleBase):

@@ -293,6 +293,9 @@ def test_refusals_name_the_setting():
     for plain in (torch.nn.LSTM(2, 3), [torch.nn.LSTM(2, 3)]):  # a bare torch module
         with pytest.raises(TypeError, match=r"modules must be TensorDict modules .* got LSTM"):
             SequenceStartStates(plain)
+    for whole in ({"actor": RecurrentActor(net)}, "actor"):  # not iterated: named as given
+        with pytest.raises(TypeError, match=f"got {type(whole).__name__}$"):
+            SequenceStartStates(whole)
     memoryless = RecurrentActorCritic(OBS, ACT, hidden_size=3, recurrence="none")
     with pytest.raises(ValueError, match="has no recurrent state"):
         SequenceStartStates(RecurrentActor(memoryless))
