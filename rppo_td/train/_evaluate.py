@@ -30,14 +30,13 @@ from rppo_td.train._config import TrainConfig
 from rppo_td.train._outputs import json_text
 from rppo_td.train._setup import build_agent
 from rppo_td.train._video import (
-    GIF_FPS_WHY,
-    GIF_MAX_FPS,
+    FPS_RANGES,
     VideoWriter,
     check_video_path,
     default_fps,
+    fps_problem,
     headless_rendering,
     make_render_env,
-    positive_rate,
     render_frame,
     whole_if_integral,
 )
@@ -447,8 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fps",
         type=float,
-        help=f"frames per second of the video, fractional or not (default: the env's "
-        f"render_fps, else 30; a GIF at most {GIF_MAX_FPS})",
+        help="frames per second of the video, fractional or not, in "
+        + " or ".join(
+            f"[{low:g}, {high:g}] for a {kind}" for kind, (low, high) in FPS_RANGES.items()
+        )
+        + " (default: the env's render_fps brought into that range, else 30)",
     )
     parser.add_argument(
         "--image-layout",
@@ -476,13 +478,12 @@ def main(argv: list[str] | None = None) -> int:
             f"--video-episodes must be in [1, --episodes = {args.episodes}] (it records "
             f"evaluated episodes), got {video_episodes}"
         )
-    if args.fps is not None and not positive_rate(args.fps):
-        parser.error(f"--fps must be a positive number, got {args.fps:g}")
     if args.fps is not None:
+        suffix = Path(args.video).suffix.lower()  # an unknown one is refused below, by name
+        problem = fps_problem(args.fps, suffix) if suffix in FPS_RANGES else None
+        if problem is not None:
+            parser.error(f"--fps {problem}")
         args.fps = whole_if_integral(args.fps)  # --fps 10 is reported as 10, not 10.0
-    gif = args.video is not None and Path(args.video).suffix.lower() == ".gif"
-    if gif and args.fps is not None and args.fps > GIF_MAX_FPS:
-        parser.error(f"--fps must be <= {GIF_MAX_FPS} for a GIF, got {args.fps:g}: {GIF_FPS_WHY}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     video: dict[str, Any] = {}
     try:

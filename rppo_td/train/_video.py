@@ -28,16 +28,16 @@ from rppo_td._validation import first_line
 from rppo_td.envs import EnvError, make_env, resolve_env_id
 
 __all__ = [
-    "GIF_FPS_WHY",
+    "FPS_RANGES",
     "GIF_HOLD_S",
     "GIF_MAX_FPS",
     "VIDEO_SUFFIXES",
     "VideoWriter",
     "check_video_path",
     "default_fps",
+    "fps_problem",
     "headless_rendering",
     "make_render_env",
-    "positive_rate",
     "render_frame",
     "whole_if_integral",
 ]
@@ -45,7 +45,14 @@ __all__ = [
 VIDEO_SUFFIXES = (".gif", ".mp4")
 # GIF frame times are whole hundredths of a second, and browsers slow frames under 0.02 s
 GIF_MAX_FPS = 50
-GIF_FPS_WHY = "its frame times are whole hundredths of a second (an .mp4 takes any fps)"
+#: the frame rates each kind of file keeps, ``(low, high)`` frames per second
+FPS_RANGES = {".gif": (0.002, GIF_MAX_FPS), ".mp4": (0.001, 1000)}
+_FPS_WHY = {
+    # a GIF frame time is 16 bits of hundredths: at most 655.35 s
+    ".gif": "a GIF's frame times are whole hundredths of a second, at most 655.35 s",
+    # measured with imageio-ffmpeg's ffmpeg: 1e9 fps came out as 1001k, 1e-6 fps unreadable
+    ".mp4": "ffmpeg does not write an .mp4 at other rates faithfully",
+}
 GIF_HOLD_S = 1.0
 _DEFAULT_FPS = 30
 _MP4_INSTALL = "pip install 'rppo_td[video]' (or pip install imageio-ffmpeg)"
@@ -141,8 +148,14 @@ def make_render_env(env_id: str) -> gym.Env:
     try:
         env = make_env(env_id, render_mode="rgb_array")
     except EnvError as err:
-        if isinstance(err.__cause__, TypeError) and "render_mode" in str(err.__cause__):
-            raise ValueError(_no_frames(name, [])) from None
+        # "got an unexpected keyword argument 'render_mode'", or a class without __init__'s
+        # "takes no arguments"
+        cause = str(err.__cause__)
+        if isinstance(err.__cause__, TypeError) and (
+            "render_mode" in cause or "takes no arguments" in cause
+        ):
+            # it may declare rgb_array all the same: its constructor cannot be given it
+            raise ValueError(_no_frames(name, modes or [], takes_mode=False)) from None
         raise
     if env.render_mode != "rgb_array":
         env.close()
@@ -150,8 +163,10 @@ def make_render_env(env_id: str) -> gym.Env:
     return env
 
 
-def _no_frames(name: str, modes: list[str]) -> str:
+def _no_frames(name: str, modes: list[str], *, takes_mode: bool = True) -> str:
     has = f"its render modes are {modes}" if modes else "it has no render modes"
+    if not takes_mode:
+        has += " and its constructor takes no render_mode argument"
     return f"env {name!r} cannot record a video: --video needs render_mode 'rgb_array', {has}"
 
 
@@ -228,7 +243,7 @@ def headless_rendering() -> Iterator[None]:
 
 
 def default_fps(env: gym.Env, suffix: str) -> float:
-    """The env's ``metadata["render_fps"]``, at most 50 for a GIF.
+    """The env's ``metadata["render_fps"]``, brought into ``FPS_RANGES[suffix]`` (a GIF: <= 50).
 
     A fractional rate is kept (``2.5``: each frame 0.4 s). 30 where the env gives none, or
     no positive finite number.
@@ -237,14 +252,30 @@ def default_fps(env: gym.Env, suffix: str) -> float:
         fps = float(env.metadata.get("render_fps") or _DEFAULT_FPS)
     except (TypeError, ValueError):
         fps = _DEFAULT_FPS
-    if not positive_rate(fps):
+    if not (math.isfinite(fps) and fps > 0):
         fps = _DEFAULT_FPS
-    return whole_if_integral(min(fps, GIF_MAX_FPS) if suffix == ".gif" else fps)
+    low, high = FPS_RANGES[suffix]
+    return whole_if_integral(min(max(fps, low), high))
 
 
-def positive_rate(fps: float) -> bool:
-    """Whether ``fps`` is a frame rate a video can have: a positive finite number."""
-    return math.isfinite(fps) and fps > 0
+def fps_problem(fps: float, suffix: str) -> str | None:
+    """Why ``fps`` cannot be the frame rate of a ``suffix`` video, or None where it can.
+
+    ``suffix`` is one of ``VIDEO_SUFFIXES``. The reason reads after the setting's name
+    (``"fps " + reason``).
+
+    Example:
+        >>> fps_problem(0.001, ".gif").split(":")[0]
+        'must be in [0.002, 50] for a .gif, got 0.001'
+        >>> fps_problem(0.001, ".mp4") is None
+        True
+    """
+    if not (math.isfinite(fps) and fps > 0):
+        return f"must be a positive number, got {fps:g}"
+    low, high = FPS_RANGES[suffix]
+    if low <= fps <= high:
+        return None
+    return f"must be in [{low:g}, {high:g}] for a {suffix}, got {fps:g}: {_FPS_WHY[suffix]}"
 
 
 def whole_if_integral(fps: float) -> float:
@@ -261,7 +292,7 @@ class VideoWriter:
 
     Args:
         path: from ``check_video_path``.
-        fps: frames per second, a positive number, fractional or not (``<= 50`` for a GIF).
+        fps: frames per second, fractional or not, in ``FPS_RANGES`` for the suffix.
 
     Example:
         >>> import tempfile
@@ -278,10 +309,9 @@ class VideoWriter:
         self.suffix = self.path.suffix.lower()
         if isinstance(fps, bool) or not isinstance(fps, (int, float)):
             raise ValueError(f"fps must be a number, got {fps!r}")
-        if not positive_rate(fps):
-            raise ValueError(f"fps must be a positive number, got {fps}")
-        if self.suffix == ".gif" and fps > GIF_MAX_FPS:
-            raise ValueError(f"fps must be <= {GIF_MAX_FPS} for a GIF, got {fps}: {GIF_FPS_WHY}")
+        problem = fps_problem(fps, self.suffix)
+        if problem is not None:
+            raise ValueError(f"fps {problem}")
         self.fps = fps
         self.frames = 0
         self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")

@@ -176,7 +176,14 @@ def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeyp
     assert "--video-episodes must be in [1, --episodes = 2]" in err
     for bad in ("0", "-2", "nan", "inf"):
         assert "--fps must be a positive number" in refused("--video", gif, "--fps", bad)
-    assert "--fps must be <= 50 for a GIF" in refused("--video", gif, "--fps", "60")
+    assert "--fps must be in [0.002, 50] for a .gif, got 60" in refused(
+        "--video", gif, "--fps", "60"
+    )
+    # a GIF frame lasts at most 655.35 s (Pillow's OverflowError after the whole evaluation)
+    assert "--fps must be in [0.002, 50] for a .gif" in refused("--video", gif, "--fps", "0.001")
+    mp4 = str(tmp_path / "x.mp4")  # ffmpeg wrote 1e9 fps as 1001k, and 1e-6 fps unreadable
+    for bad in ("1e9", "1e-6"):
+        assert "--fps must be in [0.001, 1000] for a .mp4" in refused("--video", mp4, "--fps", bad)
     monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)
     err = refused("--video", str(tmp_path / "x.mp4"))
     assert "needs imageio-ffmpeg: pip install 'rppo_td[video]'" in err
@@ -199,6 +206,10 @@ class _NoRenderMode(gym.Env):
         return np.zeros(1, dtype=np.float32), 0.0, True, False, {}
 
 
+class _DeclaredNoRenderMode(_NoRenderMode):
+    metadata = {"render_modes": ["rgb_array"]}  # noqa: RUF012  (but __init__ takes none)
+
+
 class _BadFrames(PocMemory):
     def render(self):
         return np.zeros((4, 4), dtype=np.float32)
@@ -208,6 +219,7 @@ for _name, _entry in (
     ("video_test/HumanOnly-v0", _HumanOnly),
     ("video_test/NoRenderMode-v0", _NoRenderMode),
     ("video_test/BadFrames-v0", _BadFrames),
+    ("video_test/DeclaredNoRenderMode-v0", _DeclaredNoRenderMode),
 ):
     if _name not in gym.registry:
         gym.register(id=_name, entry_point=_entry)
@@ -218,6 +230,11 @@ def test_envs_that_cannot_render_frames_are_named():
         make_render_env("video_test/HumanOnly-v0")
     with pytest.raises(ValueError, match=r"NoRenderMode-v0.*it has no render modes"):
         make_render_env("video_test/NoRenderMode-v0")
+    with pytest.raises(
+        ValueError,
+        match=r"modes are \['rgb_array'\] and its constructor takes no render_mode argument$",
+    ):
+        make_render_env("video_test/DeclaredNoRenderMode-v0")
     env = make_render_env("video_test/BadFrames-v0")
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"BadFrames-v0.*shape \(4, 4\).*\[H, W, 3\] uint8"):
@@ -337,7 +354,7 @@ def test_fractional_rates_are_kept(tmp_path):
     env = Env()
     for given, mp4, gif in (
         (2.5, 2.5, 2.5), (120.0, 120.0, 50), (None, 30, 30), ("x", 30, 30), (-1, 30, 30),
-        (float("nan"), 30, 30),
+        (float("nan"), 30, 30), (1e9, 1000, 50), (1e-4, 0.001, 0.002),
     ):  # fmt: skip
         env.metadata = {"render_fps": given}
         got = (default_fps(env, ".mp4"), default_fps(env, ".gif"))
@@ -351,9 +368,12 @@ def test_fractional_rates_are_kept(tmp_path):
         _, durations = _gif_frames(writer.close())
         assert sum(durations) == round(1000 * frames / fps)
         assert set(durations) <= each
-    for bad in (0, -1.0, float("nan"), float("inf"), True, "4"):
-        with pytest.raises(ValueError, match="fps must be a"):
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "4", 0.0015):
+        with pytest.raises(ValueError, match=r"fps must be (a|in)"):
             VideoWriter(check_video_path(tmp_path / "bad.gif"), fps=bad)
+    writer = VideoWriter(check_video_path(tmp_path / "slowest.gif"), fps=0.002)
+    writer.add(np.zeros((4, 4, 3), dtype=np.uint8))
+    assert _gif_frames(writer.close())[1] == [500_000]  # 500 s, within a GIF's 655.35 s
 
 
 def test_an_mp4_keeps_a_fractional_rate(tmp_path):
