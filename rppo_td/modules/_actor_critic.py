@@ -360,6 +360,15 @@ class RecurrentActorCritic(nn.Module):
         """Every recurrent-state key of the rollout: the actor's, then the critic's."""
         return tuple(dict.fromkeys((*self.actor_state_keys, *self.critic_state_keys)))
 
+    def critic_only_parameters(self) -> list[nn.Parameter]:
+        """The parameters only the value reads: the value head, and the critic's own trunk
+        where it has one (``shared_critic=False``). The actor reads every other one.
+        """
+        parts = (
+            [self.value_head] if self.critic_trunk is None else [self.value_head, self.critic_trunk]
+        )
+        return [param for part in parts for param in part.parameters()]
+
     @property
     def state_shape(self) -> tuple[int, int]:
         """``(num_layers, hidden_size)``: the shape of one step's state under each key."""

@@ -208,6 +208,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
             **kwargs,
         )
         self.loss_mask_key = loss_mask_key
+        if self.separate_losses:
+            self._train_critic_only_parameters()
         if not normalize_advantage_eps > 0:
             raise ValueError(
                 f"normalize_advantage_eps must be > 0, got {normalize_advantage_eps!r}"
@@ -225,6 +227,24 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self._parameters_same = False
         # (input, distribution) of the shared trunk's pass, for _get_cur_log_prob
         self._shared_dist: tuple[TensorDictBase, Any] | None = None
+
+    def _train_critic_only_parameters(self) -> None:
+        """``separate_losses``: the critic loss trains the parameters only the critic reads.
+
+        TorchRL keeps detached copies of every critic parameter the actor network holds
+        (shared ones train on the policy loss only). rppo_td's ``RecurrentActor`` and
+        ``RecurrentCritic`` both hold the whole ``RecurrentActorCritic``, so every critic
+        parameter, the value head's too, was detached: the critic never trained. The ones
+        the actor does not read (``critic_only_parameters``) get their parameters back.
+        """
+        net = getattr(self.critic_network, "net", None)
+        if not self.functional or not callable(getattr(net, "critic_only_parameters", None)):
+            return
+        own = {id(param) for param in net.critic_only_parameters()}
+        params = self.critic_network_params
+        for key, param in self.critic_network.named_parameters():
+            if id(param) in own:
+                params.set(tuple(key.split(".")), param)
 
     # ---- the mask key: one field of tensor_keys, also TorchRL's loss_mask_key ------------
     @property

@@ -575,3 +575,49 @@ def test_a_shared_trunk_runs_once_per_network_where_it_must():
     )
     assert not RecurrentActor(own).shares_trunk_with(RecurrentCritic(own))
     assert not RecurrentActor(net).shares_trunk_with(RecurrentCritic(own))
+
+
+@pytest.mark.parametrize("shared_critic", [False, True])
+def test_separate_losses_trains_what_only_the_critic_reads(shared_critic):
+    # both wrappers hold the whole net: TorchRL detached every critic parameter (the value
+    # head's too), so the critic loss trained nothing
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+
+    torch.manual_seed(0)
+    net = RecurrentActorCritic(
+        gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), hidden_size=4,
+        shared_critic=shared_critic,
+    )  # fmt: skip
+    b, steps = 3, 4
+    batch = TensorDict(
+        {
+            "observation": torch.randn(b, steps, 3),
+            "is_init": torch.zeros(b, steps, 1, dtype=torch.bool),
+            "action": torch.randint(0, 2, (b, steps)),
+            "action_log_prob": torch.full((b, steps), -0.7),
+            "advantage": torch.randn(b, steps, 1),
+            "value_target": torch.randn(b, steps, 1),
+            "loss_mask": torch.ones(b, steps, dtype=torch.bool),
+            **{key: torch.randn(b, steps, 1, 4) for key in net.state_keys},
+        },
+        [b, steps],
+    )
+
+    def grads(separate: bool, term: str) -> dict[str, torch.Tensor | None]:
+        net.zero_grad(set_to_none=True)
+        loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net), separate_losses=separate)
+        loss(batch.clone())[term].backward()
+        return {name: p.grad for name, p in net.named_parameters()}
+
+    critic_only = {id(p) for p in net.critic_only_parameters()}
+    names = {name for name, p in net.named_parameters() if id(p) in critic_only}
+    assert any(name.startswith("value_head") for name in names)
+    assert shared_critic or any(name.startswith("critic_trunk") for name in names)
+    apart, together = grads(True, "loss_critic"), grads(False, "loss_critic")
+    for name, grad in apart.items():
+        if name in names:  # what only the critic reads: the same gradient as without
+            torch.testing.assert_close(grad, together[name], msg=name)
+        else:  # the actor's: not moved by the critic's loss
+            assert grad is None or not grad.abs().sum(), name
