@@ -361,8 +361,10 @@ class RecurrentActorCritic(nn.Module):
         return tuple(dict.fromkeys((*self.actor_state_keys, *self.critic_state_keys)))
 
     def critic_only_parameters(self) -> list[nn.Parameter]:
-        """The parameters only the value reads: the value head, and the critic's own trunk
-        where it has one (``shared_critic=False``). The actor reads every other one.
+        """The parameters only the value reads (the actor reads every other one).
+
+        The value head's, and the critic's own trunk's where it has one
+        (``shared_critic=False``).
         """
         parts = (
             [self.value_head] if self.critic_trunk is None else [self.value_head, self.critic_trunk]
