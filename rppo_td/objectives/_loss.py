@@ -421,7 +421,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if self.entropy_bonus:
             entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
             if is_tensor_collection(entropy):  # one entropy per action head, zeroed on padding
-                heads = entropy.apply(lambda x: _where(mask, x, 0.0))
+                # each head's summed over its own event dims, to the batch shape [B, Lp, 1]:
+                # heads of other trailing shapes broadcast against each other when added
+                dims = entropy.batch_dims
+                heads = entropy.apply(lambda x: _where(mask, _sum_beyond(x, dims), 0.0))
                 entropy = sum(heads.values(True, True))
                 # entropy_coeff={head: coeff} weighs each head (TorchRL's map mode)
                 weighted = heads if self._entropy_coeff_map is not None else entropy
@@ -708,6 +711,11 @@ def _log_prob_shape_error(keys: Any, advantage: torch.Size, got: Any) -> ValueEr
 def _shape_of(tensordict: TensorDictBase, key: NestedKey) -> Any:
     value = tensordict.get(key, None)
     return list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _sum_beyond(x: torch.Tensor, dims: int) -> torch.Tensor:
+    """``x`` ``[*B, *F]`` summed over ``F`` (``B`` its first ``dims`` dims): ``[*B]``."""
+    return x.flatten(dims).sum(-1) if x.ndim > dims else x
 
 
 def _where(mask: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:

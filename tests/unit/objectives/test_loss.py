@@ -377,6 +377,57 @@ def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
             scalar, ClipPPOLoss(actor, critic, entropy_coeff=0.1)(real)["loss_entropy"]
         )
 
+        # heads of other event shapes (a Normal over [1] beside a Categorical), B == Lp: added
+        # as they came, the [B, Lp, 1] and [B, Lp, 1, 1] entropies broadcast to a wrong
+        # number (B == Lp) or failed naming nothing (B != Lp)
+        three = TensorDictModule(
+            lambda x: (x[..., :3], x[..., 3:4], x[..., 4:].exp()),
+            ["features"],
+            [("params", "a1", "logits"), ("params", "a2", "loc"), ("params", "a2", "scale")],
+        )
+        mixed = ProbabilisticActor(
+            TensorDictSequential(
+                TensorDictModule(torch.nn.Linear(3, 5), ["observation"], ["features"]), three
+            ),
+            in_keys=["params"],
+            distribution_class=CompositeDistribution,
+            distribution_kwargs={
+                "distribution_map": {
+                    "a1": torch.distributions.Categorical,
+                    "a2": torch.distributions.Normal,
+                }
+            },
+            return_log_prob=True,
+            out_keys=["a1", "a2"],
+        )
+        for b in (4, 3):
+            mask = torch.ones(b, 4, dtype=torch.bool)
+            mask[0, 2:] = False
+            td = TensorDict(
+                {
+                    "observation": torch.randn(b, 4, 3),
+                    "advantage": torch.randn(b, 4, 1),
+                    "value_target": torch.randn(b, 4, 1),
+                    "loss_mask": mask,
+                },
+                [b, 4],
+            )
+            with torch.no_grad():
+                td = mixed(td)
+                dist = mixed.get_dist(td)
+                each = dist.dists["a1"].entropy() + dist.dists["a2"].entropy().squeeze(-1)
+            out = RecurrentPPOLoss(mixed, critic, entropy_coeff=0.1)(td)
+            torch.testing.assert_close(out["entropy"], each[mask].mean())
+            real = td[mask].exclude("loss_mask")
+            theirs = ClipPPOLoss(mixed, critic, entropy_coeff=0.1)(real)
+            torch.testing.assert_close(out["loss_entropy"], theirs["loss_entropy"])
+            weights = {"a1_entropy": 0.1, "a2_entropy": 0.5}
+            out = RecurrentPPOLoss(mixed, critic, entropy_coeff=weights)(td)
+            expected = -(
+                0.1 * dist.dists["a1"].entropy() + 0.5 * dist.dists["a2"].entropy().squeeze(-1)
+            )[mask].mean()
+            torch.testing.assert_close(out["loss_entropy"], expected)
+
 
 def test_entropy_is_the_mean_over_real_steps():
     agent = make_agent("lstm")
