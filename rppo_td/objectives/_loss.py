@@ -471,8 +471,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 if network is not None
                 for core in torchrl_cores(network)
             )
-        for role, module, weight, states, is_init in self._recurrent:
-            for key in (*states, is_init):
+        # rppo_td's modules (and any with follows_recurrent_mode): in step mode a missing
+        # state is a zero one, which in a minibatch would run every sequence from zero
+        own = [
+            (role, network, None, list(getattr(network, "state_keys", ())), None)
+            for role, network in (("actor", self.actor_network), ("critic", self.critic_network))
+            if getattr(network, "follows_recurrent_mode", False)
+        ]
+        for role, module, weight, states, is_init in (*self._recurrent, *own):
+            for key in (*states, is_init) if is_init is not None else states:
                 if tensordict.get(key, None) is None:
                     what = "is_init" if key == is_init else "recurrent state"
                     raise MissingKeyError(
@@ -480,7 +487,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                         f"{key!r} (its {what}, at each sequence's first position), which "
                         "the minibatch lacks"
                     )
-            for key in states:
+            for key in states if weight is not None else ():
                 state = get_key(tensordict, key)
                 if state.dtype != weight.dtype:
                     raise state_dtype_error("RecurrentPPOLoss", key, state, role, module, weight)

@@ -628,13 +628,11 @@ def test_a_shared_trunk_runs_once_per_network_where_it_must():
     assert not RecurrentActor(net).shares_trunk_with(RecurrentCritic(own))
 
 
-@pytest.mark.parametrize("shared_critic", [False, True])
-def test_separate_losses_trains_what_only_the_critic_reads(shared_critic):
-    # both wrappers hold the whole net: TorchRL detached every critic parameter (the value
-    # head's too), so the critic loss trained nothing
+def _rppo_net_batch(shared_critic: bool):
+    """rppo_td's net on Box(3) observations and a 3 x 4 minibatch of it, states included."""
     import gymnasium as gym
 
-    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+    from rppo_td.modules import RecurrentActorCritic
 
     torch.manual_seed(0)
     net = RecurrentActorCritic(
@@ -655,6 +653,16 @@ def test_separate_losses_trains_what_only_the_critic_reads(shared_critic):
         },
         [b, steps],
     )
+    return net, batch
+
+
+@pytest.mark.parametrize("shared_critic", [False, True])
+def test_separate_losses_trains_what_only_the_critic_reads(shared_critic):
+    # both wrappers hold the whole net: TorchRL detached every critic parameter (the value
+    # head's too), so the critic loss trained nothing
+    from rppo_td.modules import RecurrentActor, RecurrentCritic
+
+    net, batch = _rppo_net_batch(shared_critic)
 
     def grads(separate: bool, term: str) -> dict[str, torch.Tensor | None]:
         net.zero_grad(set_to_none=True)
@@ -672,3 +680,18 @@ def test_separate_losses_trains_what_only_the_critic_reads(shared_critic):
             torch.testing.assert_close(grad, together[name], msg=name)
         else:  # the actor's: not moved by the critic's loss
             assert grad is None or not grad.abs().sum(), name
+
+
+@pytest.mark.parametrize("shared_critic", [False, True])
+def test_a_state_missing_from_the_minibatch_is_refused_for_rppo_modules(shared_critic):
+    # in step mode a missing state is a zero one; in the loss every sequence ran from zero
+    from rppo_td.modules import RecurrentActor, RecurrentCritic
+
+    net, batch = _rppo_net_batch(shared_critic)
+    loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net))
+    loss(batch)
+    for key in net.state_keys:
+        role = "actor" if key in net.actor_state_keys else "critic"
+        module = "RecurrentActor" if role == "actor" else "RecurrentCritic"
+        with pytest.raises(KeyError, match=rf"the {role}'s {module} reads '{key}'"):
+            loss(batch.exclude(key))
