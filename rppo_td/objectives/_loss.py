@@ -359,6 +359,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
                     "ratio is their probability now over then); it has none"
                 )
         mask = self._mask(tensordict)
+        for key in actions:
+            # padding holds any finite values: an action out of the space (7 of 3) or a huge
+            # one would fail in log_prob or give NaN gradients (0 * inf) through the network
+            tensordict.set(key, _pad_with_a_real_one(get_key(tensordict, key), mask))
         group, world_size = resolve_group(self.process_group)
         count = mask.sum()
         # the loss terms' denominator; with a group, C / world_size for C real steps in all
@@ -718,6 +722,18 @@ def _log_prob_shape_error(keys: Any, advantage: torch.Size, got: Any) -> ValueEr
 def _shape_of(tensordict: TensorDictBase, key: NestedKey) -> Any:
     value = tensordict.get(key, None)
     return list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _pad_with_a_real_one(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[*B, *F]`` with the first real step's value at each padding position.
+
+    ``mask`` ``[*B]`` bool marks the real steps. No synchronisation; where every step is
+    padding, the first one's value fills them all (``x`` as it is at position 0).
+    """
+    event = x.shape[mask.ndim :]
+    first = mask.reshape(-1).to(torch.uint8).argmax().view(1)
+    real = x.reshape(mask.numel(), *event).index_select(0, first).view(event)
+    return torch.where(mask.view(*mask.shape, *([1] * len(event))), x, real)
 
 
 def _sum_beyond(x: torch.Tensor, dims: int) -> torch.Tensor:

@@ -88,7 +88,8 @@ def _garbage(batch, seed=5):
         if dirty.get(key, None) is not None:
             x = dirty[key]
             x[pad] = 1e2 * torch.randn(x[pad].shape, generator=g)
-    dirty["action"][pad] = torch.randint(0, ACTIONS, dirty["action"][pad].shape, generator=g)
+    # actions outside the space: a log_prob of them fails (or is NaN) where not replaced
+    dirty["action"][pad] = torch.randint(ACTIONS, 100, dirty["action"][pad].shape, generator=g)
     dirty["is_init"][pad] = torch.rand(dirty["is_init"][pad].shape, generator=g) < 0.5
     return dirty
 
@@ -181,6 +182,43 @@ def test_garbage_changes_nothing():
     clean, dirty = loss(batch), loss(_garbage(batch))
     for key, value in clean.items():
         torch.testing.assert_close(value, dirty[key], msg=key)
+
+
+@pytest.mark.parametrize("garbage", [1e20, float("nan")])
+def test_garbage_in_padded_box_actions_leaves_the_gradients(garbage):
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+
+    torch.manual_seed(0)
+    net = RecurrentActorCritic(
+        gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)), hidden_size=4
+    )
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    batch = TensorDict(
+        {
+            "observation": torch.randn(2, 3, 3),
+            "is_init": torch.zeros(2, 3, 1, dtype=torch.bool),
+            "action": torch.randn(2, 3, 2),
+            "action_log_prob": torch.full((2, 3), -1.0),
+            "advantage": torch.randn(2, 3, 1),
+            "value_target": torch.randn(2, 3, 1),
+            "loss_mask": mask,
+            **{key: torch.zeros(2, 3, 1, 4) for key in net.state_keys},
+        },
+        [2, 3],
+    )
+    dirty = batch.clone()
+    dirty["action"][~mask] = garbage
+    loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net))
+    grads = []
+    for td in (batch, dirty):
+        net.zero_grad(set_to_none=True)
+        out = loss(td)
+        (out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]).backward()
+        grads.append({name: p.grad for name, p in net.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, msg=name)
 
 
 def test_input_is_not_modified_and_outputs_log_as_scalars(tmp_path):
