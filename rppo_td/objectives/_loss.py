@@ -14,6 +14,7 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
 from tensordict.nn import CompositeDistribution, dispatch
 from torchrl.modules import set_recurrent_mode
+from torchrl.modules.distributions.utils import has_analytic_entropy
 from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
@@ -54,8 +55,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
       (``loss_mask`` True) only: the loss terms ``loss_objective``, ``loss_critic`` and
       ``loss_entropy`` and the diagnostics ``clip_fraction``, ``kl_approx``, ``entropy``,
       ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and
-      ``value_clip_fraction``. Padding is replaced before use, so whatever it holds (any
-      finite values) changes neither an output nor a gradient. ``normalize_advantage=True``
+      ``value_clip_fraction``. The loss's own inputs at padding (advantages, targets, old
+      values and log-probabilities, actions) are replaced before use, so whatever they hold
+      changes neither an output nor a gradient. The networks run over the padding's
+      observations as they are: ``SequencePadder``'s zeros change nothing, but values that
+      drive a network's output to inf there can make gradients NaN (0 * inf), as in any
+      masked loss. ``normalize_advantage=True``
       standardises with the real steps' mean and deviation (``functional.masked_normalize``).
       Without a ``loss_mask`` key in the input every step counts as real.
     - **Recurrent mode.** ``forward`` runs the actor and the critic inside TorchRL's
@@ -423,7 +428,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             "kl_approx": kl_approx,
         }
         if self.entropy_bonus:
-            entropy = self._get_entropy(dist, adv_shape=advantage.shape[:-1])
+            entropy = self._masked_entropy(dist, advantage.shape[:-1], mask)
             if is_tensor_collection(entropy):  # one entropy per action head, zeroed on padding
                 # each head's summed over its own event dims, to the batch shape [B, Lp, 1]:
                 # heads of other trailing shapes broadcast against each other when added
@@ -457,6 +462,25 @@ class RecurrentPPOLoss(ClipPPOLoss):
         td_out = TensorDict({**out, **stats}, batch_size=[])
         self._clear_weakrefs(tensordict, td_out, *_PARAMS)
         return td_out
+
+    def _masked_entropy(
+        self, dist: Any, adv_shape: torch.Size, mask: torch.Tensor
+    ) -> torch.Tensor | TensorDictBase:
+        """TorchRL's ``_get_entropy``, its finiteness check over the real steps only.
+
+        TorchRL samples a Monte-Carlo entropy for the whole minibatch where the analytic one
+        is not finite anywhere: padding whose inputs made the distribution degenerate (a
+        scale of inf) changed every real step's entropy.
+        """
+        if (
+            not isinstance(dist, CompositeDistribution)
+            and has_analytic_entropy(dist)
+            and not torch.compiler.is_compiling()
+        ):
+            entropy = dist.entropy()
+            if entropy.shape == adv_shape and bool(_where(mask, entropy, 0.0).isfinite().all()):
+                return entropy.unsqueeze(-1)
+        return self._get_entropy(dist, adv_shape=adv_shape)
 
     def _check_recurrent_inputs(self, tensordict: TensorDictBase) -> None:
         """Refuses by name the inputs TorchRL's ``LSTMModule`` / ``GRUModule`` would fail on.

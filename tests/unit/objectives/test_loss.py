@@ -733,3 +733,42 @@ def test_a_state_missing_from_the_minibatch_is_refused_for_rppo_modules(shared_c
         module = "RecurrentActor" if role == "actor" else "RecurrentCritic"
         with pytest.raises(KeyError, match=rf"the {role}'s {module} reads '{key}'"):
             loss(batch.exclude(key))
+
+
+def test_a_degenerate_padded_distribution_leaves_the_real_entropy_analytic():
+    # TorchRL samples a Monte-Carlo entropy for the whole minibatch where the analytic one is
+    # not finite anywhere: a scale of inf at padding changed the real steps' entropy
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(3, 4)
+
+    def loc_scale(x):
+        loc, log_std = linear(x).chunk(2, -1)
+        return loc, log_std.clamp(max=80.0).exp()
+
+    actor = ProbabilisticActor(
+        TensorDictModule(loc_scale, ["observation"], ["loc", "scale"]),
+        in_keys=["loc", "scale"],
+        distribution_class=IndependentNormal,
+        return_log_prob=True,
+    )
+    critic = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    td = TensorDict(
+        {
+            "observation": torch.randn(2, 4, 3),
+            "advantage": torch.randn(2, 4, 1),
+            "value_target": torch.randn(2, 4, 1),
+            "loss_mask": mask,
+        },
+        [2, 4],
+    )
+    with torch.no_grad():
+        actor(td)
+        expected = actor.get_dist(td).entropy()[mask].mean()
+    dirty = td.clone()
+    dirty["observation"][~mask] = 1e30  # the padding's scale is inf, its entropy -inf
+    out = RecurrentPPOLoss(actor, critic)(dirty)
+    torch.testing.assert_close(out["entropy"], expected)
