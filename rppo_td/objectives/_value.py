@@ -16,6 +16,8 @@ from rppo_td._validation import (
     check_not_split_trajs,
     check_unit_interval,
     check_value_network,
+    check_values,
+    done_consistent,
     get_key,
 )
 from rppo_td._values import episode_ends, network_values
@@ -199,9 +201,20 @@ class GAEEstimator(ValueEstimatorBase):
             next_value = get_key(tensordict, ("next", keys.value), hint=hint)
         terminated = get_key(tensordict, ("next", keys.terminated))
         done = tensordict.get(("next", keys.done), None)
+        truncated = tensordict.get(("next", keys.truncated), None)
         if done is None:
             hint = f"(GAEEstimator needs {('next', keys.done)!r} or this key)"
             done = terminated | get_key(tensordict, ("next", keys.truncated), hint=hint)
+        elif isinstance(truncated, torch.Tensor) and truncated.shape == done.shape:
+            # as the GAE transform: a done that is neither end would be read as a truncation
+            check_values(
+                {},
+                done_consistent(
+                    (("next", keys.done), done),
+                    (("next", keys.terminated), terminated),
+                    (("next", keys.truncated), truncated),
+                ),
+            )
         advantage, target = generalized_advantage_estimate(
             get_key(tensordict, ("next", keys.reward)),
             value,
@@ -216,6 +229,31 @@ class GAEEstimator(ValueEstimatorBase):
         tensordict.set(keys.advantage, advantage)
         tensordict.set(keys.value_target, target)
         return tensordict
+
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        target_params: TensorDictBase | None = None,
+        next_value: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """The GAE value targets ``[W, T, 1]`` (``advantage + V``) of ``tensordict``.
+
+        TorchRL's hook for a value target: ``forward`` on a shallow copy (``tensordict`` is
+        left as it is), its ``value_target``. ``next_value`` is not supported (the next
+        values come from ``("next", "state_value")`` or the network).
+        """
+        if next_value is not None:
+            raise ValueError(
+                "GAEEstimator.value_estimate takes no next_value: it reads "
+                f"{('next', self.tensor_keys.value)!r} or runs its value_network"
+            )
+        if kwargs:
+            raise TypeError(
+                f"GAEEstimator.value_estimate got unexpected arguments {sorted(kwargs)}"
+            )
+        out = self.forward(tensordict.copy(), target_params=target_params)
+        return get_key(out, self.tensor_keys.value_target)
 
     def _values(
         self,

@@ -94,6 +94,21 @@ def test_values_read_from_the_rollout_match_the_reference():
     # the same numbers as the GAE transform
     transform = rppo_td.GAE(gamma=GAMMA, lmbda=LMBDA)(rollout.clone())
     torch.testing.assert_close(transform["advantage"], out["advantage"])
+    # TorchRL's hook for a value target: the same targets, the input left as it was
+    estimator = GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=None)
+    before = rollout.clone()
+    torch.testing.assert_close(estimator.value_estimate(rollout), out["value_target"])
+    assert set(rollout.keys(True, True)) == set(before.keys(True, True))
+    with pytest.raises(ValueError, match="takes no next_value"):
+        estimator.value_estimate(rollout, next_value=rollout["next", "state_value"])
+    # a done that is neither end, beside both flags, is refused as the transform refuses it
+    # (it was read as a truncation)
+    odd = rollout.clone()
+    first = (~odd["next", "done"]).nonzero()[0].tolist()
+    odd["next", "done"][tuple(first)] = True
+    for gae in (estimator, rppo_td.GAE(gamma=GAMMA, lmbda=LMBDA)):
+        with pytest.raises(ValueError, match=r"'done'\) is True where neither"):
+            gae(odd.clone())
 
 
 def test_gradient_free_and_time_dim():
