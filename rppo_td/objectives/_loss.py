@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import CompositeDistribution, dispatch
 from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions.utils import has_analytic_entropy
@@ -233,6 +233,20 @@ class RecurrentPPOLoss(ClipPPOLoss):
         # (input, distribution) of the shared trunk's pass, for _get_cur_log_prob
         self._shared_dist: tuple[TensorDictBase, Any] | None = None
 
+    @property
+    def out_keys(self) -> list[NestedKey]:
+        """The keys ``forward`` returns (TorchRL's list, with ``explained_variance``)."""
+        if getattr(self, "_out_keys", None) is None:
+            keys = list(ClipPPOLoss.out_keys.fget(self))  # type: ignore[attr-defined]
+            if self._has_critic and self.log_explained_variance:
+                keys.append("explained_variance")
+            self._out_keys = keys
+        return self._out_keys
+
+    @out_keys.setter
+    def out_keys(self, values: list[NestedKey]) -> None:
+        self._out_keys = values
+
     def _train_critic_only_parameters(self) -> None:
         """``separate_losses``: the critic loss trains the parameters only the critic reads.
 
@@ -242,10 +256,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         parameter, the value head's too, was detached: the critic never trained. The ones
         the actor does not read (``critic_only_parameters``) get their parameters back.
         """
-        net = getattr(self.critic_network, "net", None)
-        if not self.functional or not callable(getattr(net, "critic_only_parameters", None)):
+        critic_only = getattr(
+            getattr(self.critic_network, "net", None), "critic_only_parameters", None
+        )
+        if not self.functional or not callable(critic_only):
             return
-        own = {id(param) for param in net.critic_only_parameters()}
+        own = {id(param) for param in critic_only()}
         params = self.critic_network_params
         for key, param in self.critic_network.named_parameters():
             if id(param) in own:
@@ -429,7 +445,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         }
         if self.entropy_bonus:
             entropy = self._masked_entropy(dist, advantage.shape[:-1], mask)
-            if is_tensor_collection(entropy):  # one entropy per action head, zeroed on padding
+            if isinstance(entropy, TensorDictBase):  # one entropy per head, zeroed on padding
                 # each head's summed over its own event dims, to the batch shape [B, Lp, 1]:
                 # heads of other trailing shapes broadcast against each other when added
                 dims = entropy.batch_dims
@@ -499,26 +515,36 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 if network is not None
                 for core in torchrl_cores(network)
             )
-        # rppo_td's modules (and any with follows_recurrent_mode): in step mode a missing
-        # state is a zero one, which in a minibatch would run every sequence from zero
-        own = [
-            (role, network, None, list(getattr(network, "state_keys", ())), None)
-            for role, network in (("actor", self.actor_network), ("critic", self.critic_network))
-            if getattr(network, "follows_recurrent_mode", False)
-        ]
-        for role, module, weight, states, is_init in (*self._recurrent, *own):
-            for key in (*states, is_init) if is_init is not None else states:
-                if tensordict.get(key, None) is None:
-                    what = "is_init" if key == is_init else "recurrent state"
-                    raise MissingKeyError(
-                        f"RecurrentPPOLoss: the {role}'s {type(module).__name__} reads "
-                        f"{key!r} (its {what}, at each sequence's first position), which "
-                        "the minibatch lacks"
-                    )
-            for key in states if weight is not None else ():
+        for role, module, weight, states, is_init in self._recurrent:
+            self._check_present(tensordict, role, module, [*states, is_init], is_init)
+            for key in states:
                 state = get_key(tensordict, key)
                 if state.dtype != weight.dtype:
                     raise state_dtype_error("RecurrentPPOLoss", key, state, role, module, weight)
+        # rppo_td's modules (and any with follows_recurrent_mode): in step mode a missing
+        # state is a zero one, which in a minibatch would run every sequence from zero
+        for role, network in (("actor", self.actor_network), ("critic", self.critic_network)):
+            if getattr(network, "follows_recurrent_mode", False):
+                states = list(getattr(network, "state_keys", ()))
+                self._check_present(tensordict, role, network, states, None)
+
+    @staticmethod
+    def _check_present(
+        tensordict: TensorDictBase,
+        role: str,
+        module: Any,
+        keys: list[NestedKey],
+        is_init: NestedKey | None,
+    ) -> None:
+        """Refuses a minibatch without one of the recurrent ``keys`` a module reads."""
+        for key in keys:
+            if tensordict.get(key, None) is None:
+                what = "is_init" if key == is_init else "recurrent state"
+                raise MissingKeyError(
+                    f"RecurrentPPOLoss: the {role}'s {type(module).__name__} reads "
+                    f"{key!r} (its {what}, at each sequence's first position), which "
+                    "the minibatch lacks"
+                )
 
     def loss_critic(
         self, tensordict: TensorDictBase
@@ -552,11 +578,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
             tensordict = tensordict.detach()
         keys = self.tensor_keys
         mask = self._mask(tensordict)
-        target = _where(mask, get_key(tensordict, keys.value_target), 0.0)
+        target = get_key(tensordict, keys.value_target)
+        _check_advantage(keys.value_target, target, tensordict.batch_size)
+        target = _where(mask, target, 0.0)
         old_value = None
         if self.clip_value is not None:
             hint = "(clip_value needs the values the data was collected with)"
-            old_value = _where(mask, get_key(tensordict, keys.value, hint=hint), 0.0).detach()
+            old_value = get_key(tensordict, keys.value, hint=hint)
+            _check_advantage(keys.value, old_value, tensordict.batch_size)
+            old_value = _where(mask, old_value, 0.0).detach()
         if value is None:
             # the critic writes its outputs: give it a copy of what it reads
             in_keys = getattr(self.critic_network, "in_keys", None)
@@ -673,10 +703,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
 
 def _check_advantage(key: NestedKey, advantage: torch.Tensor, batch: torch.Size) -> None:
-    """Refuses an advantage that is not ``[*batch, 1]``.
+    """Refuses an advantage (or a value target, an old value) that is not ``[*batch, 1]``.
 
-    Another shape would broadcast against the ``[*batch, 1]`` log-ratios into a wrong loss
-    (an ``[B, Lp]`` advantage with ``B == Lp`` or ``B == 1``).
+    Another shape would broadcast against the ``[*batch, 1]`` log-ratios (values) into a
+    wrong loss (an ``[B, Lp]`` advantage with ``B == Lp`` or ``B == 1``), or fail in
+    TorchRL's ``distance_loss`` naming no key.
     """
     shape = tuple(advantage.shape)
     if len(shape) <= len(batch) or shape[: len(batch)] != tuple(batch) or shape[-1] != 1:

@@ -772,3 +772,33 @@ def test_a_degenerate_padded_distribution_leaves_the_real_entropy_analytic():
     dirty["observation"][~mask] = 1e30  # the padding's scale is inf, its entropy -inf
     out = RecurrentPPOLoss(actor, critic)(dirty)
     torch.testing.assert_close(out["entropy"], expected)
+
+
+def test_out_keys_are_the_keys_forward_returns():
+    from rppo_td.modules import RecurrentActor, RecurrentCritic
+
+    net, batch = _rppo_net_batch(shared_critic=False)
+    batch["state_value"] = torch.randn(*batch.batch_size, 1)  # clip_value's old values
+    for options in (
+        {},
+        {"clip_value": 0.2},
+        {"entropy_bonus": False},
+        {"log_explained_variance": False},
+    ):
+        loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net), **options)
+        assert set(loss.out_keys) == set(loss(batch).keys()), options
+
+
+def test_value_targets_and_old_values_of_another_shape_are_refused_by_name():
+    # TorchRL's distance_loss failed on them naming no key (or broadcast to [B, Lp, Lp])
+    from rppo_td.modules import RecurrentActor, RecurrentCritic
+
+    net, batch = _rppo_net_batch(shared_critic=False)
+    batch["state_value"] = torch.randn(*batch.batch_size, 1)
+    loss = RecurrentPPOLoss(RecurrentActor(net), RecurrentCritic(net), clip_value=0.2)
+    loss(batch)
+    for key in ("value_target", "state_value"):
+        for shape in ((3, 4), (3, 4, 2)):
+            bad = batch.clone().set(key, torch.randn(shape))
+            with pytest.raises(ValueError, match=rf"'{key}' must have shape \[\*batch, 1\]"):
+                loss(bad)
