@@ -377,21 +377,23 @@ def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
             ["features"],
             [("params", "a1", "logits"), ("params", "a2", "logits")],
         )
-        actor = ProbabilisticActor(
-            TensorDictSequential(
-                TensorDictModule(torch.nn.Linear(3, 5), ["observation"], ["features"]), split
-            ),
-            in_keys=["params"],
-            distribution_class=CompositeDistribution,
-            distribution_kwargs={
-                "distribution_map": {
-                    "a1": torch.distributions.Categorical,
-                    "a2": torch.distributions.Categorical,
-                }
-            },
-            return_log_prob=True,
-            out_keys=["a1", "a2"],
-        )
+
+        def two_heads(heads, a2):
+            """A two-head composite actor on a Linear(3, 5); ``a2``: the second's class."""
+            return ProbabilisticActor(
+                TensorDictSequential(
+                    TensorDictModule(torch.nn.Linear(3, 5), ["observation"], ["features"]), heads
+                ),
+                in_keys=["params"],
+                distribution_class=CompositeDistribution,
+                distribution_kwargs={
+                    "distribution_map": {"a1": torch.distributions.Categorical, "a2": a2}
+                },
+                return_log_prob=True,
+                out_keys=["a1", "a2"],
+            )
+
+        actor = two_heads(split, torch.distributions.Categorical)
         critic = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
         mask = torch.tensor([[True, True, True, False, False], [True] * 5])
         td = TensorDict(
@@ -423,21 +425,7 @@ def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
             ["features"],
             [("params", "a1", "logits"), ("params", "a2", "loc"), ("params", "a2", "scale")],
         )
-        mixed = ProbabilisticActor(
-            TensorDictSequential(
-                TensorDictModule(torch.nn.Linear(3, 5), ["observation"], ["features"]), three
-            ),
-            in_keys=["params"],
-            distribution_class=CompositeDistribution,
-            distribution_kwargs={
-                "distribution_map": {
-                    "a1": torch.distributions.Categorical,
-                    "a2": torch.distributions.Normal,
-                }
-            },
-            return_log_prob=True,
-            out_keys=["a1", "a2"],
-        )
+        mixed = two_heads(three, torch.distributions.Normal)
         for b in (4, 3):
             mask = torch.ones(b, 4, dtype=torch.bool)
             mask[0, 2:] = False
