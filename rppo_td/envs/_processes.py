@@ -145,9 +145,11 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
         if self.closed:
             return
         self.closed = True
+        workers = list(getattr(self._env, "_workers", ()))
         try:
             self._env.close(raise_if_closed=False)
         finally:
+            _kill_left(workers)
             torch.set_num_threads(self._threads)
             shutil.rmtree(self._errors, ignore_errors=True)
 
@@ -191,6 +193,21 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             return value.astype(space.dtype, copy=True)
 
         return _rebuild(self.single_observation_space, (), leaf)
+
+
+def _kill_left(workers: list[Any], wait: float = 1.0) -> None:
+    """Kills the worker processes still alive after ``ParallelEnv.close``.
+
+    Where one worker died, TorchRL's ``close`` fails on it before it shuts the others down,
+    and they ignore SIGTERM (``_ShardMaker``): a live one held this process at exit forever.
+    """
+    deadline = time.monotonic() + wait
+    for process in workers:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in workers:
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=wait)
 
 
 def _check_observation_space(space: gym.Space, env_id: str) -> None:

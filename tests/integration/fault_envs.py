@@ -35,6 +35,26 @@ class Flaky(gym.Wrapper):
         return self.env.step(action)
 
 
+DIE_MARKER = "RPPO_TD_TEST_DIE_MARKER"
+
+
+class Dies(Flaky):
+    """``Flaky``, but its process ends at once (``os._exit``) instead of raising, in the one
+    instance that first creates the file ``$DIE_MARKER``: its sibling workers live on."""
+
+    def step(self, action):
+        self.steps_taken += 1
+        marker = os.environ.get(DIE_MARKER)
+        if marker is not None and self.steps_taken >= 3:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(3)
+        return self.env.step(action)
+
+
 class Unpicklable(gym.Wrapper):
     """The built-in task holding a lock, which cannot be pickled."""
 
@@ -44,6 +64,6 @@ class Unpicklable(gym.Wrapper):
 
 
 register_envs()  # the wrappers gym.make the built-in task
-for _name, _entry in (("Flaky", Flaky), ("Unpicklable", Unpicklable)):
+for _name, _entry in (("Flaky", Flaky), ("Dies", Dies), ("Unpicklable", Unpicklable)):
     if f"rppo_td_fault/{_name}-v0" not in gym.registry:
         gym.register(id=f"rppo_td_fault/{_name}-v0", entry_point=_entry)

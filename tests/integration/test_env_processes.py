@@ -25,10 +25,11 @@ from rppo_td.modules import RecurrentActorCritic, RecurrentPolicy
 from rppo_td.train import TrainConfig, Trainer
 from rppo_td.train._setup import env_spaces
 from rppo_td.train._vector_collector import VectorCollector
-from tests.integration.fault_envs import FAIL_AT_STEP
+from tests.integration.fault_envs import DIE_MARKER, FAIL_AT_STEP
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAKY = "tests.integration.fault_envs:rppo_td_fault/Flaky-v0"
+DIES = "tests.integration.fault_envs:rppo_td_fault/Dies-v0"
 W, T = 4, 60  # T long enough for episodes to end inside the rollout
 
 
@@ -110,6 +111,23 @@ def test_a_fault_in_a_worker_is_the_env_error(monkeypatch):
     assert "\n" not in message
     assert env.closed  # the workers were shut down
     env.close()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_worker_that_dies_leaves_no_live_sibling(monkeypatch, tmp_path):
+    # TorchRL's close failed on the dead worker before shutting the others down, and they
+    # ignore SIGTERM: the live one held the trainer at exit forever
+    monkeypatch.setenv(DIE_MARKER, str(tmp_path / "died"))
+    env = make_vector_env(DIES, 2, processes=2)
+    env.reset(seed=0)
+    workers = [process.pid for process in env._env._workers]  # TorchRL's processes
+    assert len(workers) == 2
+    with pytest.raises(EnvError, match="a worker process failed"):
+        for _ in range(10):
+            env.step(env.action_space.sample())
+    assert (tmp_path / "died").exists()
+    assert env.closed
+    assert not [pid for pid in workers if _alive(pid)]
 
 
 def _children(pid: int) -> set[int]:
