@@ -111,6 +111,13 @@ class MetricsLog:
             update, steps = resume_from
             _truncate_rows(self.path, update)
             purge_step = steps + 1
+        elif resume_from is not None and resume_from[0] > 0:
+            log.warning(
+                "metrics.csv is missing: the rows of updates 1-%d are lost; a new one starts "
+                "at update %d",
+                resume_from[0],
+                resume_from[0] + 1,
+            )
         self._file = self.path.open("a" if resuming else "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
         if not resuming:
@@ -157,9 +164,16 @@ def _truncate_rows(path: Path, last_update: int) -> None:
             f"{str(path)!r} cannot be read as the run's CSV log ({err}); move it away to "
             "resume without the earlier rows, or repair it"
         ) from None
-    whole = [r for r in rows if (r.get("update") or "").isdigit()]
+    # a row cut short (a power cut before the file reached the disk) has None for the fields
+    # it lacks; one too long has a None key
+    whole = [
+        r
+        for r in rows
+        if (r.get("update") or "").isdigit() and None not in r and None not in r.values()
+    ]
     kept = [r for r in whole if int(r["update"]) <= last_update]
-    if len(kept) == len(rows) and header == METRIC_FIELDS:
+    _warn_missing_updates([int(r["update"]) for r in kept], last_update)
+    if len(kept) == len(rows) and header == METRIC_FIELDS and _ends_a_line(path):
         return
     if len(whole) < len(rows):
         log.warning("metrics.csv: dropping %d malformed rows", len(rows) - len(whole))
@@ -173,6 +187,33 @@ def _truncate_rows(path: Path, last_update: int) -> None:
         writer.writeheader()
         writer.writerows(kept)
     os.replace(tmp, path)
+
+
+def _ends_a_line(path: Path) -> bool:
+    """Whether the file is empty or ends with a newline (a row appended starts a line)."""
+    with path.open("rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _warn_missing_updates(updates: list[int], last_update: int) -> None:
+    """Warns naming the updates ``1..last_update`` whose rows ``metrics.csv`` lacks."""
+    missing = sorted(set(range(1, last_update + 1)) - set(updates))
+    if not missing:
+        return
+    spans, start = [], missing[0]
+    for prev, here in zip(missing, [*missing[1:], None], strict=True):
+        if here != prev + 1:
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = here
+    log.warning(
+        "metrics.csv lacks the rows of updates %s (of 1-%d, before the checkpoint): they are "
+        "lost; the run goes on from the checkpoint",
+        ", ".join(spans),
+        last_update,
+    )
 
 
 # the files a run writes; a fresh run refuses a directory holding the first four kinds
