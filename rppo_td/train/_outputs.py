@@ -204,8 +204,8 @@ def _warn_missing_updates(updates: list[int], last_update: int) -> None:
     if not missing:
         return
     spans, start = [], missing[0]
-    for prev, here in zip(missing, [*missing[1:], None], strict=True):
-        if here != prev + 1:
+    for prev, here in zip(missing, [*missing[1:], 0], strict=True):
+        if here != prev + 1:  # 0 ends the last span (updates count from 1)
             spans.append(str(start) if start == prev else f"{start}-{prev}")
             start = here
     log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,6 +24,8 @@ from rppo_td.transforms import (
 )
 
 __all__ = ["PPOSettings", "PPOUpdate"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class PPOUpdate:
         self.parameters = [
             p for p in {id(p): p for p in self.loss.parameters()}.values() if p.requires_grad
         ]
+        self.skipped = 0  # gradient steps of the current update skipped (not finite)
         self.keys = list(
             dict.fromkeys(
                 [
@@ -166,6 +170,7 @@ class PPOUpdate:
         self.loss.clip_epsilon.fill_(clip_epsilon)
         totals: dict[str, torch.Tensor] = {}
         count = epochs = 0
+        self.skipped = 0
         self.loss.train()
         for _ in range(self.settings.epochs):
             epoch = sequences if self.start_states is None else self.start_states(sequences)
@@ -187,6 +192,16 @@ class PPOUpdate:
             # is the one over every rank's steps, as the diagnostics (reduced in the loss) are
             losses = [name for name in totals if name.startswith("loss_")]
             totals.update(mean_over_ranks({name: totals[name] for name in losses}, self.world_size))
+        if self.skipped:
+            log.warning(
+                "%d of %d gradient steps of this update were skipped: the loss or its gradient "
+                "was not finite (inf or NaN; loss_total %s, grad_norm %s); the parameters "
+                "were left as they were",
+                self.skipped,
+                count,
+                f"{float(totals['loss_total']) / count:g}",
+                f"{float(totals['grad_norm']) / count:g}",
+            )
         means = {name: float(value) / count for name, value in totals.items()}
         means["epochs"] = epochs
         if self.novelty is not None:
@@ -205,7 +220,13 @@ class PPOUpdate:
         grad_norm = nn.utils.clip_grad_norm_(
             self.parameters, self.settings.max_grad_norm, foreach=True
         )
-        self.optimizer.step()
+        # a loss or gradient of inf or NaN (a reward beyond float32, say): clipping would
+        # scale the gradients by 0 (inf) or make every parameter NaN, so no step is taken
+        # (the ranks' averaged gradients agree, so they skip together)
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            self.optimizer.step()
+        self.skipped += not finite
         stats = {key: value.detach() for key, value in out.items()}
         stats["loss_total"] = loss.detach()  # type: ignore[union-attr]
         stats["grad_norm"] = grad_norm.detach()

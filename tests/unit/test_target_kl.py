@@ -159,6 +159,52 @@ def test_a_metrics_file_that_is_not_text_is_named_and_malformed_rows_counted_apa
         _truncate_rows(path, last_update=3)
     assert "dropping 1 malformed rows" in caplog.text
     assert "dropping 1 rows logged after the checkpoint" in caplog.text  # update 4 only
+    assert "lacks the rows of updates 2 (of 1-3" in caplog.text
     path.write_bytes(path.read_bytes() + b"\xb1\xff\x00")
     with pytest.raises(ValueError, match=r"metrics.csv' cannot be read as the run's CSV log"):
         _truncate_rows(path, last_update=3)
+
+
+def test_a_row_cut_short_is_dropped_not_appended_onto_and_gaps_are_named(tmp_path, caplog):
+    # a power cut before metrics.csv reached the disk: the resumed run's next row was glued
+    # onto the half row (update 9 lost, update 8's columns holding 9's values)
+    path = tmp_path / "metrics.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS)
+        writer.writeheader()
+        for update in range(1, 9):
+            writer.writerow({name: update for name in METRIC_FIELDS})
+    text = path.read_text()
+    path.write_text(text[: text.rstrip("\n").rfind("\n") + 1 + 12])  # update 8's first 12
+    with caplog.at_level("INFO"):
+        _truncate_rows(path, last_update=8)
+    assert path.read_text().endswith("\n")
+    with path.open(newline="") as f:
+        assert [r["update"] for r in csv.DictReader(f)] == [str(u) for u in range(1, 8)]
+    assert "lacks the rows of updates 8 (of 1-8" in caplog.text
+    caplog.clear()
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:1] + lines[1:3] + lines[6:]))  # updates 3-5 gone
+    with caplog.at_level("INFO"):
+        _truncate_rows(path, last_update=8)
+    assert "lacks the rows of updates 3-5, 8 (of 1-8" in caplog.text
+
+
+def test_a_step_whose_gradient_is_not_finite_is_skipped_and_named(caplog):
+    # a reward beyond float32 (1e38 squared) made the loss inf: clipping scaled the gradients
+    # by 0, or made every parameter NaN and the next collection failed in a traceback
+    update = _update(epochs=2, num_minibatches=2, target_kl=0.0)
+    before = {name: p.detach().clone() for name, p in update.loss.named_parameters()}
+    rollout = _rollout()
+    rollout["next", "reward"][0, 3] = 1e38
+    with caplog.at_level("WARNING"):
+        means = update(rollout, clip_epsilon=0.2)
+    assert "gradient steps of this update were skipped" in caplog.text
+    assert update.skipped >= 1
+    assert not torch.isfinite(torch.tensor(means["grad_norm"]))
+    for name, p in update.loss.named_parameters():
+        assert torch.isfinite(p).all(), name
+    # the finite minibatch's steps were taken
+    assert update.skipped < 4 or all(
+        torch.equal(p, before[name]) for name, p in update.loss.named_parameters()
+    )
