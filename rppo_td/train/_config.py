@@ -256,7 +256,9 @@ class TrainConfig:
         default=0,
         low=0,
     )
-    max_grad_norm: float = _doc("gradient-norm clip", default=0.5, low=0.0, high=1e6)
+    max_grad_norm: float = _doc(
+        "gradient-norm clip (0 would stop all learning)", default=0.5, low=1e-9, high=1e6
+    )
     normalize_advantage: bool = _doc(
         "standardise advantages per minibatch over real steps (masked_normalize); off by "
         "default: once the task is solved it scales noise up to unit size and the policy "

@@ -98,6 +98,8 @@ def test_config_file_then_flags(tmp_path):
         (["--log-level", "VERBOSE"], "--log-level must be one of ['DEBUG', 'INFO', 'WARNING'"),
         (["--seed", "-1"], "--seed must be an integer in [0, 4294967295], got -1"),
         (["--gamma", "nan"], "--gamma must be a finite number in [0.0, 1.0], got nan"),
+        # a clip at 0 scaled every gradient to zero: nothing learned, without a word
+        (["--max-grad-norm", "0"], "--max-grad-norm must be a finite number in [1e-09,"),
         (["--learning-rate", "inf"], "--learning-rate must be a finite number"),
         (
             [
