@@ -245,6 +245,13 @@ def _check_content(data: Any, where: str) -> None:
                 f"{where} is not a complete rppo_td checkpoint: counters[{key!r}] must be a "
                 f"non-negative {_type_names(kind)}, got {value!r}"
             )
+    damaged = _first_non_finite({"model": data["model"], "optimizer": data["optimizer"]})
+    if damaged is not None:
+        # training never steps into them (a step whose gradient is not finite is skipped):
+        # bytes changed on the disk or in a copy (torch.load checks no CRC)
+        raise CheckpointError(
+            f"{where} is damaged: {damaged} holds NaN or inf, which training never writes"
+        )
     reference = data.get("env_state")
     if reference is not None and not (
         isinstance(reference, dict)
@@ -252,6 +259,24 @@ def _check_content(data: Any, where: str) -> None:
         and isinstance(reference.get("sha256"), str)
     ):
         raise CheckpointError(f"{where}: 'env_state' must name a file and its sha256")
+
+
+def _first_non_finite(tree: Any, path: str = "") -> str | None:
+    """The path (``model['core.weight']``) of the first float tensor with NaN or inf, or None."""
+    if isinstance(tree, torch.Tensor):
+        return path if tree.is_floating_point() and not bool(tree.isfinite().all()) else None
+    items = (
+        tree.items()
+        if isinstance(tree, dict)
+        else enumerate(tree)
+        if isinstance(tree, list | tuple)
+        else ()
+    )
+    for key, value in items:
+        found = _first_non_finite(value, f"{path}[{key!r}]" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _type_names(kind: type | tuple[type, ...]) -> str:

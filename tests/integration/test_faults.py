@@ -374,6 +374,15 @@ def test_bad_checkpoints_never_run_code(reference, tmp_path, capsys):
     blob = (reference / "checkpoint.pt").read_bytes()
     truncated.write_bytes(blob[: len(blob) // 2])
     files["truncated"] = truncated
+    # a real checkpoint whose weights hold a NaN (bytes changed on the disk: torch.load
+    # checks no CRC, and rppo-eval scored the damaged net as if it were whole)
+    nan = tmp_path / "bad" / "nan_weight" / "checkpoint.pt"
+    nan.parent.mkdir()
+    data = torch.load(reference / "checkpoint.pt", weights_only=True)
+    name = next(k for k, v in data["model"].items() if v.is_floating_point())
+    data["model"][name].view(-1)[0] = float("nan")
+    torch.save(data, nan)
+    files["nan_weight"] = nan
     for name, path in files.items():
         for command, args in (
             (eval_main, ["--checkpoint", str(path)]),
