@@ -300,7 +300,9 @@ def check_int_at_least(name: str, value: object, low: int) -> None:
 def first_line(err: BaseException, *, limit: int | None = None, sentence: bool = False) -> str:
     """The first line of ``err``'s message, or its type's name when it has none.
 
-    For one-line errors: torch's, ffmpeg's and gloo's messages run on for lines.
+    For one-line errors: torch's, ffmpeg's and gloo's messages run on for lines. A first line
+    that is a heading (ends with ``:``, as torch's ``load_state_dict`` error) is followed by
+    its first item.
 
     ``sentence`` keeps that line's first sentence only (torch's dispatcher and loaders follow it
     with guesses and lists); ``limit`` cuts it to that many characters.
@@ -308,7 +310,11 @@ def first_line(err: BaseException, *, limit: int | None = None, sentence: bool =
     text = str(err).strip()
     if not text:
         return type(err).__name__
-    line = text.splitlines()[0]
+    lines = text.splitlines()
+    line = lines[0]
+    if line.endswith(":") and len(lines) > 1:
+        # a heading ("Error(s) in loading state_dict for Net:"): its first item says what
+        line = f"{line} {lines[1].strip()}"
     if sentence:
         line = line.split(". ")[0]
     return line if limit is None else line[:limit]

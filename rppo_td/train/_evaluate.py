@@ -258,7 +258,7 @@ def load_agent(
     except RuntimeError as err:
         raise ValueError(
             f"the model in {str(path)!r} does not fit the agent its config builds "
-            f"({first_line(err, limit=200)})"
+            f"({first_line(err, limit=400)})"
         ) from None
     agent.eval()
     return agent, config, data

@@ -366,7 +366,7 @@ class Trainer:
         except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
             raise ValueError(
                 f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
-                f"builds ({type(err).__name__}: {first_line(err, limit=200)})"
+                f"builds ({type(err).__name__}: {first_line(err, limit=400)})"
             ) from None
         self.counters = dict(checkpoint["counters"])
         self._check_ranks(self.counters)

@@ -210,3 +210,11 @@ def test_first_line_of_an_error():
     assert first_line(err, limit=9) == "Could not"
     # an empty message (two callers once indexed an empty splitlines() here)
     assert first_line(RuntimeError()) == first_line(RuntimeError("  \n")) == "RuntimeError"
+    # a heading is followed by its first item: torch's load_state_dict error said only
+    # "Error(s) in loading state_dict for Linear:", naming no key
+    linear = torch.nn.Linear(2, 3)
+    with pytest.raises(RuntimeError) as caught:
+        linear.load_state_dict({"weight": torch.zeros(4, 2), "bias": torch.zeros(3)})
+    assert first_line(caught.value).startswith(
+        "Error(s) in loading state_dict for Linear: size mismatch for weight:"
+    )
