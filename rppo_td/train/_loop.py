@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import csv
 import json
 import logging
 import math
@@ -51,6 +52,7 @@ from rppo_td.train._outputs import (
     lock_run_directory,
     plot_learning_curve,
     prepare_run_directory,
+    read_metrics,
     time_split,
     write_json_atomic,
 )
@@ -719,9 +721,12 @@ def _resumed_config(
     """
     file = checkpoint_file(config.resume)
     if not file.exists() and (run_directory / "metrics.csv").exists():
+        # its rows say how far it got; the file may also have been removed since
         raise ValueError(
-            f"no checkpoint at {str(file)!r}: the run there stopped before its first "
-            "checkpoint; start it afresh with --overwrite"
+            f"no checkpoint at {str(file)!r}, though metrics.csv there logs "
+            f"{_logged_updates(run_directory / 'metrics.csv')}: the run stopped before its "
+            "first checkpoint, or the file was removed; put a copy back to resume, or start "
+            "afresh with --overwrite (which also deletes the logged rows)"
         )
     try:
         checkpoint = load_checkpoint(file)
@@ -798,3 +803,12 @@ def train(config: TrainConfig, *, given: dict[str, Any] | None = None) -> dict[s
         (64, True)
     """
     return Trainer(config, given=given).run()
+
+
+def _logged_updates(path: Path) -> str:
+    """``"N updates"``: the rows of a ``metrics.csv`` (``"rows that cannot be read"``)."""
+    try:
+        rows = len(read_metrics(path))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return "rows that cannot be read"
+    return f"{rows} update{'' if rows == 1 else 's'}"

@@ -291,6 +291,14 @@ def test_a_damaged_checkpoint_says_what_to_do(tmp_path, capsys):
         "failed finding central directory); it cannot be resumed from: put back a good copy, "
         "or start the run again with --overwrite (which replaces its files)"
     ), err  # torch's first sentence, not its cut-off guesses
+    # removed: the rows say how far the run got ("stopped before its first checkpoint"
+    # alone was wrong, and --overwrite deletes those rows)
+    path.unlink()
+    assert main(["--resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    rows = len(_rows(tmp_path / "run"))
+    assert f"though metrics.csv there logs {rows} updates" in err, err
+    assert "or the file was removed; put a copy back to resume" in err, err
 
 
 def test_a_resume_on_another_number_of_ranks_is_refused(tmp_path, capsys):
