@@ -14,6 +14,7 @@ written before the checkpoint that names it, and older env files are deleted onl
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import pickle
 import random
@@ -27,6 +28,8 @@ import torch
 
 from rppo_td._validation import first_line
 from rppo_td.train._config import RUNTIME_FIELDS, TrainConfig
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -159,7 +162,14 @@ def save_checkpoint(
     write_atomic(path, lambda f: torch.save(data, f))
     for old in directory.glob(f"{ENV_STATE_PREFIX}*{ENV_STATE_SUFFIX}"):
         if reference is None or old.name != reference["file"]:
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink(missing_ok=True)
+            except OSError as err:
+                # the checkpoint is saved already: a stale file left is no reason to stop
+                # (the run's error then named the checkpoint before as the one kept)
+                log.warning(
+                    "could not remove %s, which the checkpoint no longer uses: %s", old, err
+                )
     return path
 
 

@@ -468,3 +468,27 @@ def test_two_runs_never_share_a_directory(reference, tmp_path):
     result = _run(_command(out, "--overwrite"))
     assert result.returncode == 0, result.stderr[-2000:]
     _assert_same_as(reference, out)
+
+
+def test_a_stale_env_file_that_cannot_be_removed_does_not_stop_the_run(
+    tmp_path, monkeypatch, caplog
+):
+    # the checkpoint was saved, then removing the old envs-*.pkl failed: the run stopped
+    # and its error named the checkpoint before as the one kept
+    from rppo_td.train._checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path, {"counters": {"update": 1}}, env_state=b"first")
+    (old,) = tmp_path.glob("envs-*.pkl")
+    unlink = Path.unlink
+
+    def refuse(self, missing_ok=False):
+        if self == old:
+            raise PermissionError(1, "Operation not permitted", str(self))
+        return unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with caplog.at_level("WARNING"):
+        save_checkpoint(tmp_path, {"counters": {"update": 2}}, env_state=b"second")
+    assert f"could not remove {old}" in caplog.text
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert saved["counters"]["update"] == 2 and saved["env_state"]["file"] != old.name
