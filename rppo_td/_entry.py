@@ -7,6 +7,7 @@ import (or, for SIGTERM, a silent death).
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from rppo_td._signals import terminate_as_interrupt
@@ -35,5 +36,7 @@ def evaluate() -> None:
 
 
 def _interrupted(prog: str) -> None:
+    # a second Ctrl-C while this one is reported would end in a traceback (as cli() does)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"{prog}: interrupted during start-up; nothing done", file=sys.stderr)  # noqa: T201
     sys.exit(130)
