@@ -55,6 +55,7 @@ METRIC_FIELDS = (
     "learning_rate",
     "clip_epsilon",
     "epochs",
+    "skipped_steps",  # gradient steps not taken: their loss or gradient was not finite
     "novelty_bonus",  # novelty_bonus runs only: the bonus of this update's rollout
     "novel_fraction",  # ... and the share of its steps that earned it
 )

@@ -204,6 +204,7 @@ class PPOUpdate:
             )
         means = {name: float(value) / count for name, value in totals.items()}
         means["epochs"] = epochs
+        means["skipped_steps"] = self.skipped
         if self.novelty is not None:
             # the share of this rank's steps that reached a view new to their episode
             means["novel_fraction"] = float(rollout.get(self.novelty.novel_key).float().mean())

@@ -200,7 +200,7 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_and_named(caplog):
     with caplog.at_level("WARNING"):
         means = update(rollout, clip_epsilon=0.2)
     assert "gradient steps of this update were skipped" in caplog.text
-    assert update.skipped >= 1
+    assert update.skipped >= 1 and means["skipped_steps"] == update.skipped
     assert not torch.isfinite(torch.tensor(means["grad_norm"]))
     for name, p in update.loss.named_parameters():
         assert torch.isfinite(p).all(), name
