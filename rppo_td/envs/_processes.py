@@ -145,7 +145,8 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
         if self.closed:
             return
         self.closed = True
-        workers = list(getattr(self._env, "_workers", ()))
+        # from __dict__: ParallelEnv's __getattr__ would start workers that were never started
+        workers = list(vars(self._env).get("_workers", ()))
         try:
             self._env.close(raise_if_closed=False)
         finally:
