@@ -16,12 +16,10 @@ from rppo_td._validation import (
     check_not_split_trajs,
     check_unit_interval,
     check_value_network,
-    check_values,
-    done_consistent,
     get_key,
 )
 from rppo_td._values import episode_ends, network_values
-from rppo_td.functional import generalized_advantage_estimate
+from rppo_td.functional import check_gae_inputs, gae_unchecked
 
 __all__ = ["GAEEstimator"]
 
@@ -199,24 +197,33 @@ class GAEEstimator(ValueEstimatorBase):
             hint = "(GAEEstimator has no value_network to compute it)"
             value = get_key(tensordict, keys.value, hint=hint)
             next_value = get_key(tensordict, ("next", keys.value), hint=hint)
+        reward = get_key(tensordict, ("next", keys.reward))
         terminated = get_key(tensordict, ("next", keys.terminated))
         done = tensordict.get(("next", keys.done), None)
-        truncated = tensordict.get(("next", keys.truncated), None)
+        truncated = None
         if done is None:
             hint = f"(GAEEstimator needs {('next', keys.done)!r} or this key)"
             done = terminated | get_key(tensordict, ("next", keys.truncated), hint=hint)
-        elif isinstance(truncated, torch.Tensor) and truncated.shape == done.shape:
-            # as the GAE transform: a done that is neither end would be read as a truncation
-            check_values(
-                {},
-                done_consistent(
-                    (("next", keys.done), done),
-                    (("next", keys.terminated), terminated),
-                    (("next", keys.truncated), truncated),
-                ),
-            )
-        advantage, target = generalized_advantage_estimate(
-            get_key(tensordict, ("next", keys.reward)),
+        elif tensordict.get(("next", keys.truncated), None) is not None:
+            # checked against done as the GAE transform does: a done that is neither end
+            # would be read as a truncation
+            key = ("next", keys.truncated)
+            truncated = (key, get_key(tensordict, key))
+        dim = check_gae_inputs(
+            {
+                ("next", keys.reward): reward,
+                keys.value: value,
+                ("next", keys.value): next_value,
+                ("next", keys.terminated): terminated,
+                ("next", keys.done): done,
+            },
+            gamma=self.gamma,
+            lmbda=self.lmbda,
+            truncated=truncated,
+            time_dim=dim,
+        )
+        advantage, target = gae_unchecked(
+            reward,
             value,
             next_value,
             terminated,
