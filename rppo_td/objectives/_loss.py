@@ -60,8 +60,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
       changes neither an output nor a gradient. The networks run over the padding's
       observations as they are: ``SequencePadder``'s zeros change nothing, but values that
       drive a network's output to inf there can make gradients NaN (0 * inf), as in any
-      masked loss. ``normalize_advantage=True``
-      standardises with the real steps' mean and deviation (``functional.masked_normalize``).
+      masked loss. ``normalize_advantage=True`` standardises with the real steps' mean and
+      deviation (``functional.masked_normalize``).
       Without a ``loss_mask`` key in the input every step counts as real.
     - **Recurrent mode.** ``forward`` runs the actor and the critic inside TorchRL's
       ``set_recurrent_mode(True)``: an ``LSTMModule``/``GRUModule`` runs over the ``Lp``
@@ -370,7 +370,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 target_params=self.target_critic_network_params,
             )
             advantage = get_key(tensordict, keys.advantage)
-        _check_advantage(keys.advantage, advantage, tensordict.batch_size)
+        _check_per_step(keys.advantage, advantage, tensordict.batch_size)
         actions = keys.action if isinstance(keys.action, list) else [keys.action]
         for key in actions:
             if tensordict.get(key, None) is None:
@@ -579,13 +579,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
         keys = self.tensor_keys
         mask = self._mask(tensordict)
         target = get_key(tensordict, keys.value_target)
-        _check_advantage(keys.value_target, target, tensordict.batch_size)
+        _check_per_step(keys.value_target, target, tensordict.batch_size)
         target = _where(mask, target, 0.0)
         old_value = None
         if self.clip_value is not None:
             hint = "(clip_value needs the values the data was collected with)"
             old_value = get_key(tensordict, keys.value, hint=hint)
-            _check_advantage(keys.value, old_value, tensordict.batch_size)
+            _check_per_step(keys.value, old_value, tensordict.batch_size)
             old_value = _where(mask, old_value, 0.0).detach()
         if value is None:
             # the critic writes its outputs: give it a copy of what it reads
@@ -702,14 +702,14 @@ class RecurrentPPOLoss(ClipPPOLoss):
         return mask
 
 
-def _check_advantage(key: NestedKey, advantage: torch.Tensor, batch: torch.Size) -> None:
-    """Refuses an advantage (or a value target, an old value) that is not ``[*batch, 1]``.
+def _check_per_step(key: NestedKey, x: torch.Tensor, batch: torch.Size) -> None:
+    """Refuses an advantage, a value target or an old value ``x`` not ``[*batch, 1]``.
 
     Another shape would broadcast against the ``[*batch, 1]`` log-ratios (values) into a
     wrong loss (an ``[B, Lp]`` advantage with ``B == Lp`` or ``B == 1``), or fail in
     TorchRL's ``distance_loss`` naming no key.
     """
-    shape = tuple(advantage.shape)
+    shape = tuple(x.shape)
     if len(shape) <= len(batch) or shape[: len(batch)] != tuple(batch) or shape[-1] != 1:
         raise ValueError(
             f"{key!r} must have shape [*batch, 1] = {[*batch, 1]} (one value per step), "
@@ -787,8 +787,7 @@ def _pad_with_a_real_one(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """
     event = x.shape[mask.ndim :]
     first = mask.reshape(-1).to(torch.uint8).argmax().view(1)
-    real = x.reshape(mask.numel(), *event).index_select(0, first).view(event)
-    return torch.where(mask.view(*mask.shape, *([1] * len(event))), x, real)
+    return _where(mask, x, x.reshape(mask.numel(), *event).index_select(0, first).view(event))
 
 
 def _sum_beyond(x: torch.Tensor, dims: int) -> torch.Tensor:
@@ -796,8 +795,8 @@ def _sum_beyond(x: torch.Tensor, dims: int) -> torch.Tensor:
     return x.flatten(dims).sum(-1) if x.ndim > dims else x
 
 
-def _where(mask: torch.Tensor, x: torch.Tensor, fill: float) -> torch.Tensor:
-    """``x`` where ``mask`` ``[*B]`` is True, ``fill`` elsewhere; ``x`` is ``[*B, *F]``."""
+def _where(mask: torch.Tensor, x: torch.Tensor, fill: float | torch.Tensor) -> torch.Tensor:
+    """``x`` ``[*B, *F]`` where ``mask`` ``[*B]`` is True, ``fill`` (number or ``[*F]``) else."""
     return torch.where(mask.view(*mask.shape, *([1] * (x.ndim - mask.ndim))), x, fill)
 
 
