@@ -275,13 +275,12 @@ def _first_non_finite(tree: Any, path: str = "") -> str | None:
     """The path (``model['core.weight']``) of the first float tensor with NaN or inf, or None."""
     if isinstance(tree, torch.Tensor):
         return path if tree.is_floating_point() and not bool(tree.isfinite().all()) else None
-    items = (
-        tree.items()
-        if isinstance(tree, dict)
-        else enumerate(tree)
-        if isinstance(tree, list | tuple)
-        else ()
-    )
+    if isinstance(tree, dict):
+        items: Any = tree.items()
+    elif isinstance(tree, list | tuple):
+        items = enumerate(tree)
+    else:
+        return None
     for key, value in items:
         found = _first_non_finite(value, f"{path}[{key!r}]" if path else str(key))
         if found is not None:

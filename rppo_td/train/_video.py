@@ -252,10 +252,15 @@ def default_fps(env: gym.Env, suffix: str) -> float:
         fps = float(env.metadata.get("render_fps") or _DEFAULT_FPS)
     except (TypeError, ValueError):
         fps = _DEFAULT_FPS
-    if not (math.isfinite(fps) and fps > 0):
+    if not _positive_rate(fps):
         fps = _DEFAULT_FPS
     low, high = FPS_RANGES[suffix]
     return whole_if_integral(min(max(fps, low), high))
+
+
+def _positive_rate(fps: float) -> bool:
+    """Whether ``fps`` is a frame rate at all: a positive finite number."""
+    return math.isfinite(fps) and fps > 0
 
 
 def fps_problem(fps: float, suffix: str) -> str | None:
@@ -270,7 +275,7 @@ def fps_problem(fps: float, suffix: str) -> str | None:
         >>> fps_problem(0.001, ".mp4") is None
         True
     """
-    if not (math.isfinite(fps) and fps > 0):
+    if not _positive_rate(fps):
         return f"must be a positive number, got {fps:g}"
     low, high = FPS_RANGES[suffix]
     if low <= fps <= high:
