@@ -105,15 +105,7 @@ class SequenceLayout:
         start (a rollout sliced in time after chunking: the message names the first such step).
         """
         shape = rollout_shape(td, who)
-        check_not_padded(td, keys.loss_mask, who)
-        for field in _OWN_FIELDS:
-            key = getattr(keys, field)
-            if td.get(key, None) is not None:
-                raise ValueError(
-                    f"{who} got a rollout that already holds {key!r}, a key it writes "
-                    f"(RolloutKeys.{field}): exclude it first (td.exclude({key!r})) or give "
-                    f"{who} another name for it, keys=RolloutKeys({field}=...)"
-                )
+        _check_unwritten(td, keys, who)
         if 0 in shape:
             raise ValueError(
                 f"{who} got an empty rollout (batch size {list(shape)}): it holds no sequence"
@@ -210,7 +202,51 @@ class SequenceLayout:
                 f"SequenceLayout.gather needs the [{self.num_workers}, {self.time_steps}] "
                 f"rollout it was built from, got batch size {list(td.batch_size)}"
             )
+        _check_unwritten(td, keys, "SequenceLayout.gather")
+        if out is not None:
+            if index is None:
+                rows = self.num_sequences
+            else:
+                rows = int(index.sum()) if index.dtype == torch.bool else index.numel()
+            _check_out(out, td, rows, self.flat_index.shape[1])
         return gather_sequences(self, td, keys, index, out=out, pool=pool, lazy=lazy)
+
+
+def _check_unwritten(td: TensorDictBase, keys: RolloutKeys, who: str) -> None:
+    """Refuses a rollout holding a key the gather writes: padded, or one of ``_OWN_FIELDS``."""
+    check_not_padded(td, keys.loss_mask, who)
+    for field in _OWN_FIELDS:
+        key = getattr(keys, field)
+        if td.get(key, None) is not None:
+            raise ValueError(
+                f"{who} got a rollout that already holds {key!r}, a key it writes "
+                f"(RolloutKeys.{field}): exclude it first (td.exclude({key!r})) or give "
+                f"{who} another name for it, keys=RolloutKeys({field}=...)"
+            )
+
+
+def _check_out(
+    out: dict[NestedKey, torch.Tensor], td: TensorDictBase, rows: int, length: int
+) -> None:
+    """``out`` holds, for each leaf of ``td`` it names, at least ``rows`` ``[Lp, *F]`` rows."""
+    for key, value in td.items(include_nested=True, leaves_only=True):
+        buffer = out.get(key)
+        if buffer is None:
+            continue
+        need = (length, *value.shape[2:])
+        if (
+            buffer.ndim != len(need) + 1
+            or tuple(buffer.shape[1:]) != need
+            or buffer.shape[0] < rows
+            or buffer.dtype != value.dtype
+            or buffer.device != value.device
+        ):
+            raise ValueError(
+                f"SequenceLayout.gather: out[{key!r}] must be at least [{rows}, "
+                f"{', '.join(map(str, need))}] {value.dtype} on {value.device} (rows for the "
+                f"{rows} sequences gathered; empty_buffer makes them), got "
+                f"{list(buffer.shape)} {buffer.dtype} on {buffer.device}"
+            )
 
 
 def check_layout(

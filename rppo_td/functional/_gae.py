@@ -126,7 +126,9 @@ _LEVEL_BLOCK = 16
 def _rows_sum(x: torch.Tensor, keep: torch.Tensor, decay: float) -> torch.Tensor:
     """``discounted_segment_sum`` over ``[R, T]`` rows (time last); ``x.dtype`` result."""
     steps = x.shape[-1]
-    if x.numel() >= _TWO_LEVEL_MIN and steps >= 2 * _LEVEL_BLOCK:
+    # the two-level path works in place: autograd cannot record it, the block path can
+    recorded = x.requires_grad and torch.is_grad_enabled()
+    if x.numel() >= _TWO_LEVEL_MIN and steps >= 2 * _LEVEL_BLOCK and not recorded:
         return _two_level_sum(x, keep, decay)
     x_rev = x.flip(-1)
     keep_rev = keep.flip(-1)

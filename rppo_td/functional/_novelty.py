@@ -77,6 +77,9 @@ def observation_words(observation: torch.Tensor, batch_dims: int = 2) -> torch.T
     batch = observation.shape[:batch_dims]
     # the feature size spelled out: -1 cannot be inferred for an empty batch
     features = math.prod(observation.shape[batch_dims:])
+    if observation.numel() == 0:  # no rows, or no bytes: an empty view's strides may be any
+        words = max(1, -(-features * observation.element_size() // 8))
+        return observation.new_zeros((*batch, words), dtype=torch.int64)
     flat = observation.contiguous().reshape(*batch, features)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
@@ -103,21 +106,25 @@ def _check(
     check_tensors({str(name): value for name, value in named.items()})
     check_not_meta(named)
     check_device(named)
-    if start.ndim != 2:
-        raise ValueError(f"start must have shape [W, T], got {list(start.shape)}")
-    check_dtype("start", start, torch.bool)
-    for name, value in (("observation", observation), ("next_observation", next_observation)):
-        if value.ndim != 3 or value.shape[:2] != start.shape:
-            raise ValueError(
-                f"{name} must have shape [W, T, D] = {[*start.shape, 'D']} (observation_words), "
-                f"got {list(value.shape)}"
-            )
-        check_dtype(name, value, torch.int64)
-    if observation.shape != next_observation.shape:
+    # observation's [W, T, D] is the reference: each other argument is named against it
+    if observation.ndim != 3:
         raise ValueError(
-            "observation and next_observation must have the same shape, got "
-            f"{list(observation.shape)} and {list(next_observation.shape)}"
+            f"observation must have shape [W, T, D] (observation_words), got "
+            f"{list(observation.shape)}"
         )
+    check_dtype("observation", observation, torch.int64)
+    if next_observation.shape != observation.shape:
+        raise ValueError(
+            f"next_observation must have observation's shape {list(observation.shape)}, got "
+            f"{list(next_observation.shape)}"
+        )
+    check_dtype("next_observation", next_observation, torch.int64)
+    if start.shape != observation.shape[:2]:
+        raise ValueError(
+            f"start must have shape [W, T] = {list(observation.shape[:2])} (observation's), "
+            f"got {list(start.shape)}"
+        )
+    check_dtype("start", start, torch.bool)
     if carry is not None:
         check_dtype("carry.rows", carry.rows, torch.int64)
         check_dtype("carry.worker", carry.worker, torch.int64)

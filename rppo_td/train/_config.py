@@ -221,8 +221,9 @@ class TrainConfig:
     clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=0.99)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
     anneal_steps: int = _doc(
-        "env steps over which anneal_lr and anneal_clip decay to 0 (0: total_steps); more "
-        "than total_steps ends the run part way down, as a longer run would be at that point",
+        "env steps over which anneal_lr and anneal_clip decay to 0 (0: total_steps), in "
+        "whole updates: anneal_steps // (num_workers * rollout_steps); more than total_steps "
+        "ends the run part way down, as a longer run would be at that point",
         default=0,
         low=0,
     )
@@ -252,7 +253,9 @@ class TrainConfig:
         high=1e6,
     )
     novelty_steps: int = _doc(
-        "env steps over which novelty_bonus falls linearly to 0 (0: total_steps)",
+        "env steps over which novelty_bonus falls linearly to 0 (0: total_steps); the "
+        "bonus moves once per update, so the horizon is novelty_steps // (num_workers * "
+        "rollout_steps) updates, rounded down as total_steps is",
         default=0,
         low=0,
     )

@@ -113,6 +113,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
             raise ValueError("observation_keys must name at least one observation leaf")
         self.novel_key = novel_key
         super().__init__(keys=keys)
+        self._check_novel_key()
         self.coef = coef
         self._carry: NoveltyCarry | None = None
         self._open: torch.Tensor | None = None  # [W] bool, the last step was not done
@@ -138,6 +139,18 @@ class EpisodicNoveltyBonus(RolloutTransform):
             return [key for pair in self._observation_pairs() for key in pair] + own
         return [*own, self.novel_key]
 
+    def _check_novel_key(self) -> None:
+        """``novel_key`` must not be a key the bonus reads (writing it would clobber it)."""
+
+        def flat(key: NestedKey) -> tuple[str, ...]:
+            return (key,) if isinstance(key, str) else tuple(key)
+
+        if flat(self.novel_key) in {flat(key) for key in self.in_keys}:
+            raise ValueError(
+                f"EpisodicNoveltyBonus: novel_key={self.novel_key!r} is a key it reads (its "
+                f"in_keys: {self.in_keys}); give the flags a key of their own"
+            )
+
     def _repr_args(self) -> str:
         return f"coef={self.coef}"
 
@@ -152,6 +165,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         shape = rollout_shape(tensordict, who)
         check_not_padded(tensordict, keys.loss_mask, who)
         check_not_split_trajs(tensordict, who)
+        self._check_novel_key()  # set_keys may have moved a read key onto it
         if tensordict.get(self.novel_key, None) is not None:
             raise ValueError(
                 f"{who} got a rollout that holds {self.novel_key!r} already: its bonus was "

@@ -7,7 +7,7 @@ from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
-from rppo_td._layout import SequenceLayout
+from rppo_td._layout import SequenceLayout, gather_sequences
 from rppo_td._lazy import group_dims
 from rppo_td._validation import (
     check_dtype,
@@ -121,7 +121,8 @@ class SequencePadder(RolloutTransform):
         layout = SequenceLayout.from_rollout(
             tensordict, self.keys, "SequencePadder", pad_to=self.pad_to
         )
-        return layout.gather(tensordict, self.keys, pool=self._pool, lazy=True)
+        # from_rollout checked what gather would: the rollout is the layout's, unwritten
+        return gather_sequences(layout, tensordict, self.keys, pool=self._pool, lazy=True)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys

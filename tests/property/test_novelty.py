@@ -170,9 +170,25 @@ def test_empty_rollouts():
     # the words of an empty rollout (reshape(-1) could not infer the feature size)
     assert functional.observation_words(torch.randn(0, 4, 3)).shape == (0, 4, 2)
     assert functional.observation_words(torch.randn(3, 0, 3)).shape == (3, 0, 2)
+    # before: "self.stride(-1) must be 1 to view Long as Byte" for an empty strided view
+    strided = torch.zeros(3, 4, 4, dtype=torch.int64)[..., ::2]
+    assert functional.observation_words(strided[:, :0]).shape == (3, 0, 2)
+    assert functional.observation_words(strided).shape == (3, 4, 2)
     for workers, steps in ((0, 4), (3, 0)):
         out = EpisodicNoveltyBonus(0.1)(_rollout(workers, steps))
         assert out["next", "reward"].shape == (workers, steps, 1)
+
+
+def test_episodic_novelty_names_the_argument_of_the_wrong_shape():
+    # before: a start of the wrong shape was blamed on observation, [W, T] read from start
+    words = torch.zeros(1, 2, 1, dtype=torch.int64)
+    wrong_start = r"start must have shape \[W, T\] = \[1, 2\].*got \[1, 1\]"
+    with pytest.raises(ValueError, match=wrong_start):
+        functional.episodic_novelty(words, words, torch.ones(1, 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"next_observation must have observation's shape"):
+        functional.episodic_novelty(words, words[:, :1], torch.ones(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"observation must have shape \[W, T, D\]"):
+        functional.episodic_novelty(words[0], words, torch.ones(1, 2, dtype=torch.bool))
 
 
 def test_observation_words_refuse_batch_dims_outside_the_tensor():
@@ -220,6 +236,12 @@ def test_refusals_name_the_key_or_setting():
         EpisodicNoveltyBonus(0.1, observation_keys=["pixels"])(_rollout())
     with pytest.raises(ValueError, match="observation_keys must name"):
         EpisodicNoveltyBonus(0.1, observation_keys=[])
+    # before: refused at the call as "its bonus was added already", or a read key replaced
+    with pytest.raises(ValueError, match=r"novel_key=\('next', 'done'\) is a key it reads"):
+        EpisodicNoveltyBonus(0.1, novel_key=("next", "done"))
+    moved = EpisodicNoveltyBonus(0.1, novel_key="flags").set_keys(done="flags")
+    with pytest.raises(ValueError, match="novel_key='flags' is a key it reads"):
+        moved(_rollout())
 
 
 def test_observations_must_be_comparable_leaves():

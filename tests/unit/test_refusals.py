@@ -590,6 +590,21 @@ def test_layout_gather_checks_its_index():
         layout.gather(td, RolloutKeys(), torch.tensor([0, 1], dtype=torch.int32))
     with pytest.raises(ValueError, match=re.escape("needs the [2, 5] rollout it was built from")):
         layout.gather(td[:1], RolloutKeys(), torch.tensor([0]))
+    # before: a leaf of the name the gather writes was replaced; from_rollout refused it
+    clock = td.clone()
+    clock["time_index"] = torch.arange(10).view(2, 5) + 100
+    with pytest.raises(ValueError, match=re.escape("already holds 'time_index', a key it writes")):
+        layout.gather(clock, RolloutKeys())
+    padded = td.clone()
+    padded["loss_mask"] = torch.ones(2, 5, dtype=torch.bool)
+    with pytest.raises(ValueError, match="loss_mask"):
+        layout.gather(padded, RolloutKeys())
+    # before: RuntimeError: shape '[...]' is invalid for input of size ...
+    small = layout.empty_buffer(td, 2)
+    with pytest.raises(ValueError, match=re.escape("must be at least [3, ")):
+        layout.gather(td, RolloutKeys(), torch.tensor([0, 1, 2]), out=small)
+    whole = layout.gather(td, RolloutKeys(), torch.tensor([0, 1]), out=small)
+    assert whole["loss_mask"].shape[0] == 2
 
 
 def test_replay_buffer_iterates_epochs():

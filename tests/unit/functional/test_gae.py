@@ -159,3 +159,14 @@ def test_finite_check_names_every_bad_input():
 def test_discounts_out_of_range(gamma, lmbda, name):
     with pytest.raises(ValueError, match=f"{name} must be in \\[0, 1\\]"):
         generalized_advantage_estimate(**_inputs(), gamma=gamma, lmbda=lmbda)
+
+
+def test_segment_sum_gradient_at_the_two_level_size():
+    # 2**16 steps take the two-level path without gradients; with them, the gradient of
+    # sum(y) is sum_k decay**k over the steps up to t (no cut): 1 + 0.5 + ... -> 2 - 0.5**t
+    steps = 1 << 16
+    x = torch.zeros(1, steps, 1, requires_grad=True)
+    carry_on = torch.ones(1, steps, 1, dtype=torch.bool)
+    discounted_segment_sum(x, carry_on, 0.5).sum().backward()
+    t = torch.arange(steps, dtype=torch.float64)
+    torch.testing.assert_close(x.grad.flatten().double(), 2 - 0.5**t)
