@@ -40,7 +40,10 @@ def collect(workers: int, steps: int, hidden: int) -> tuple[RecurrentActorCritic
     env = make_vector_env(CARTPOLE_NOVEL_ID, workers)
     torch.manual_seed(0)
     net = RecurrentActorCritic(
-        env.single_observation_space, env.single_action_space, hidden_size=hidden
+        env.single_observation_space,
+        env.single_action_space,
+        hidden_size=hidden,
+        normalize_observations=True,
     )
     collector = VectorCollector(
         env, RecurrentPolicy(net), leaves=net.leaves, frames_per_batch=workers * steps, seed=0

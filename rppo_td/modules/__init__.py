@@ -11,6 +11,7 @@ from rppo_td.modules._modules import (
     RecurrentPolicy,
     recurrent_state_primer,
 )
+from rppo_td.modules._normalizer import ObservationNormalizer
 from rppo_td.modules._spaces import (
     ObservationLeaf,
     observation_leaves,
@@ -19,6 +20,7 @@ from rppo_td.modules._spaces import (
 
 __all__ = [
     "ObservationLeaf",
+    "ObservationNormalizer",
     "RecurrentActor",
     "RecurrentActorCritic",
     "RecurrentCritic",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -244,7 +245,10 @@ class RecurrentActorCritic(nn.Module):
         shared_critic: one encoder and core for both heads; False (default) gives the critic
             its own, so value-loss gradients never move the policy's features.
         normalize_observations: scale float vector leaves by running statistics
-            (``ObservationNormalizer``; updated by the trainer between rollouts).
+            (``ObservationNormalizer``, ``self.normalizer``). Off by default: its statistics
+            change only in ``net.normalizer.update(rollout)``, which ``rppo-train`` calls
+            after each PPO update and a loop of one's own must call the same way; never
+            updated, it is the identity followed by a clamp to [-10, 10].
         center_observations: the normaliser subtracts the running mean too. Off by default:
             a centred position moves the point the policy treats as zero wherever the policy
             has been taking it (see ``ObservationNormalizer``). No effect without
@@ -277,7 +281,7 @@ class RecurrentActorCritic(nn.Module):
         forget_bias: float = 0.0,
         encoder_skip: bool = False,
         shared_critic: bool = False,
-        normalize_observations: bool = True,
+        normalize_observations: bool = False,
         center_observations: bool = False,
         image_layout: ImageLayout = "auto",
     ) -> None:
@@ -297,8 +301,22 @@ class RecurrentActorCritic(nn.Module):
             ("num_layers", num_layers, 1),
             ("head_layers", head_layers, 0),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            # numpy's integers are ints here (a config read through numpy, a sweep's grid)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(
+                    f"{name} must be an int >= {low}, got {value!r} ({type(value).__name__})"
+                )
+            if value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        hidden_size, num_layers, head_layers = int(hidden_size), int(num_layers), int(head_layers)
+        for name, flag in (
+            ("encoder_skip", encoder_skip),
+            ("shared_critic", shared_critic),
+            ("normalize_observations", normalize_observations),
+            ("center_observations", center_observations),
+        ):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         self.recurrence = recurrence
         self.hidden_size = hidden_size
         self.num_layers = num_layers
@@ -312,6 +330,9 @@ class RecurrentActorCritic(nn.Module):
             for key, space in self.leaves
             if isinstance(space, gym.spaces.Box)
         ]
+        # (key, shape after the batch dims) of every leaf: a Discrete one is an index, and
+        # a one-hot or [*B, 1] one would reach the core with extra dims
+        self._leaf_shapes = [(key, tuple(space.shape or ())) for key, space in self.leaves]
         self.normalizer = (
             ObservationNormalizer(self.leaves, center=center_observations)
             if normalize_observations
@@ -383,10 +404,11 @@ class RecurrentActorCritic(nn.Module):
     def normalize(self, obs: TensorDictBase) -> TensorDictBase:
         """The observations normalised by the running statistics (unchanged without).
 
-        Every raw observation enters through here, so here a ``Box`` leaf of another shape
-        than ``[*B, *space.shape]`` is refused (it could broadcast against the statistics
-        and give features of the right width from the wrong data), and an image leaf that
-        is not ``uint8`` (the encoder divides by 255).
+        Every raw observation enters through here, so here a leaf of another shape than
+        ``[*B, *space.shape]`` is refused (a ``Box`` one could broadcast against the
+        statistics and give features of the right width from the wrong data; a ``Discrete``
+        one is ``[*B]``, an index, not one-hot), and an image leaf that is not ``uint8``
+        (the encoder divides by 255).
 
         The network's own dtype is checked here too: it computes in float32 (its encoders
         cast the observations to float32), so parameters cast to another dtype
@@ -404,16 +426,19 @@ class RecurrentActorCritic(nn.Module):
                 "float32 (net.float())"
             )
         lead = obs.batch_dims
-        for key, shape, image in self._box_leaves:
+        for key, shape in self._leaf_shapes:
             value = obs.get(key, None)
             if not isinstance(value, torch.Tensor):
                 continue  # a missing leaf is named where it is read
             if tuple(value.shape[lead:]) != shape:
+                index = " (an index, not one-hot)" if not shape else ""
                 raise ValueError(
-                    f"observation {key!r} must have the space's shape {list(shape)} after its "
-                    f"batch dims, got {list(value.shape[lead:])}"
+                    f"observation {key!r} must have the space's shape {list(shape)}{index} "
+                    f"after its batch dims, got {list(value.shape[lead:])}"
                 )
-            if image and value.dtype != torch.uint8:
+        for key, _, image in self._box_leaves:
+            value = obs.get(key, None)
+            if image and isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
                 raise ValueError(
                     f"image observation {key!r} must be uint8 (the encoder divides by 255), "
                     f"got {value.dtype}"

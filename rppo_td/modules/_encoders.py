@@ -73,25 +73,28 @@ class _ImageEncoder(nn.Module):
 
 
 class _OneHot(nn.Module):
-    """int64 ``[*B]`` (Discrete) or ``[*B, K]`` (MultiDiscrete) -> one-hot ``[*B, sum(n)]``.
+    """int ``[*B]`` (Discrete) or ``[*B, K]`` (MultiDiscrete) -> one-hot ``[*B, sum(n)]``.
 
-    A MultiDiscrete observation is encoded in one scatter: entry ``i`` sets column
-    ``offsets[i] + x[..., i]``, where ``offsets`` are the running sums of ``nvec``. That is
+    Encoded in one scatter: entry ``i`` sets column ``offsets[i] + x[..., i]``, where
+    ``offsets`` are the running sums of ``nvec`` (a Discrete leaf is one entry). That is
     ``torch.cat([one_hot(x[..., i], n_i) ...])`` exactly, without its ``K`` calls, each of
     which checks its input's range on a CPU by two reductions (MiniGrid's 28 entries took
     0.6 ms a call on the project's VM). The range is checked once for all entries instead,
     since an entry outside ``[0, n_i)`` would set a column of its neighbour: on a CPU with a
-    ``ValueError`` naming the entry, elsewhere with an assertion on the device (no wait for
-    it). A leaf whose last dimension is not ``K`` is refused.
+    ``ValueError`` naming the key and the entry, elsewhere with an assertion on the device (no
+    wait for it). Float values must be whole numbers (checked the same way): truncating 0.99
+    to 0 would read another observation. A MultiDiscrete leaf whose last dimension is not
+    ``K`` is refused.
     """
 
     sizes: torch.Tensor
     offsets: torch.Tensor
 
-    def __init__(self, nvec: list[int], *, multi: bool) -> None:
+    def __init__(self, nvec: list[int], *, multi: bool, key: NestedKey = "observation") -> None:
         super().__init__()
         self.nvec = nvec
         self.multi = multi
+        self.key = key
         self.width = sum(nvec)
         # buffers, not parameters: they follow .to(device), are not trained, and are not in
         # the net's state_dict (a TorchRL loss's functional copies of the buffers hold them)
@@ -103,25 +106,29 @@ class _OneHot(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.multi:
-            return nn.functional.one_hot(x.long(), self.nvec[0]).float()
-        if x.ndim == 0 or x.shape[-1] != len(self.nvec):
+            x = x.unsqueeze(-1)
+        elif x.ndim == 0 or x.shape[-1] != len(self.nvec):
             raise ValueError(
-                f"a MultiDiscrete observation of {len(self.nvec)} entries must have them in its "
-                f"last dimension, got shape {list(x.shape)}"
+                f"observation {self.key!r}: a MultiDiscrete observation of {len(self.nvec)} "
+                f"entries must have them in its last dimension, got shape {list(x.shape)}"
             )
-        x = x.long()
-        bad = (x < 0) | (x >= self.sizes)
+        index = x.long()
+        bad = (index < 0) | (index >= self.sizes)
+        if x.is_floating_point():
+            bad |= index != x
         if x.device.type != "cpu":
-            torch._assert_async(~bad.any(), "MultiDiscrete observation entry out of its range")
+            torch._assert_async(~bad.any(), "Discrete observation entry out of its range")
         elif bool(bad.any()):
             entry = int(bad.reshape(-1, len(self.nvec)).any(0).nonzero()[0])
-            value = int(x[..., entry][bad[..., entry]][0])
+            value = x[..., entry][bad[..., entry]][0].item()
+            which = f"entry {entry} " if self.multi else ""
             raise ValueError(
-                f"MultiDiscrete observation entry {entry} must be in [0, {self.nvec[entry]}), "
-                f"got {value}"
+                f"observation {self.key!r}: {'Multi' if self.multi else ''}Discrete "
+                f"observation {which}must be a whole number in [0, {self.nvec[entry]}), got "
+                f"{value!r}"
             )
         out = torch.zeros(*x.shape[:-1], self.width, dtype=torch.float32, device=x.device)
-        return out.scatter_(-1, x + self.offsets, 1.0)
+        return out.scatter_(-1, index + self.offsets, 1.0)
 
 
 class _Flatten(nn.Module):
@@ -152,7 +159,7 @@ def _leaf_encoder(
             "would be wrong; rppo_td.envs.make_env shifts such observations to start at 0"
         )
     if isinstance(space, gym.spaces.Discrete):
-        return _OneHot([int(space.n)], multi=False), int(space.n)
+        return _OneHot([int(space.n)], multi=False, key=key), int(space.n)
     if isinstance(space, gym.spaces.MultiDiscrete):
         if space.nvec.ndim != 1:
             raise ValueError(
@@ -160,7 +167,7 @@ def _leaf_encoder(
                 "rppo_td.envs.make_env flattens them"
             )
         nvec = [int(n) for n in space.nvec]
-        return _OneHot(nvec, multi=True), sum(nvec)
+        return _OneHot(nvec, multi=True, key=key), sum(nvec)
     return _Flatten(len(shape)), int(np.prod(shape)) if shape else 1
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import gymnasium as gym
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import InteractionType, TensorDictModuleBase
 from tensordict.nn.probabilistic import interaction_type
-from torchrl.data import Composite, Unbounded
+from torchrl.data import Composite, MultiOneHot, OneHot, Unbounded
 from torchrl.envs.transforms import TensorDictPrimer
 from torchrl.modules import recurrent_mode
 
@@ -474,4 +475,41 @@ def recurrent_state_primer(net: RecurrentActorCritic) -> TensorDictPrimer:
     spec = Composite(
         {key: Unbounded(shape=net.state_shape, dtype=torch.float32) for key in net.state_keys}
     )
-    return TensorDictPrimer(spec, expand_specs=True)
+    return _StatePrimer(spec, indices=isinstance(net.action_space, _INDEX_SPACES))
+
+
+_INDEX_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete)
+
+
+class _StatePrimer(TensorDictPrimer):
+    """``TensorDictPrimer`` that also refuses an env whose actions are one-hot.
+
+    The modules write a ``Discrete`` (``MultiDiscrete``) action as its index (indices);
+    TorchRL's ``GymEnv`` expects one-hot actions unless made with
+    ``categorical_action_encoding=True``, and reads an index as a one-hot vector: the env then
+    gets another action than the policy took, with no error.
+    """
+
+    def __init__(self, spec: Composite, *, indices: bool) -> None:
+        super().__init__(spec, expand_specs=True)
+        self.indices = indices
+
+    def _check_actions(self, action_spec: Composite) -> None:
+        action = action_spec.get("action", None)
+        if self.indices and isinstance(action, (OneHot, MultiOneHot)):
+            raise ValueError(
+                f"the env's 'action' spec is {type(action).__name__} (one-hot), but the "
+                "network writes a Discrete / MultiDiscrete action as its index: make the env "
+                "with GymEnv(..., categorical_action_encoding=True), else it reads each index "
+                "as a one-hot vector and takes another action than the policy chose"
+            )
+
+    def set_container(self, container: Any) -> None:
+        super().set_container(container)
+        parent = self.parent  # the env up to this transform: checked as it is appended
+        if parent is not None:
+            self._check_actions(parent.full_action_spec)
+
+    def transform_input_spec(self, input_spec: Composite) -> Composite:
+        self._check_actions(input_spec["full_action_spec"])
+        return super().transform_input_spec(input_spec)

@@ -63,10 +63,16 @@ def observation_leaves(
         _check_pixels(space, prefix)
         return [(prefix, space)]
     if isinstance(space, gym.spaces.Dict):
+        for name in space.spaces:
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"observation {prefix!r}: a Dict space's keys name tensordict keys and "
+                    f"must be str, got {name!r} ({type(name).__name__})"
+                )
         return [
             leaf
             for name, sub in space.spaces.items()
-            for leaf in observation_leaves(sub, (*base, str(name)))
+            for leaf in observation_leaves(sub, (*base, name))
         ]
     if isinstance(space, gym.spaces.Tuple):
         return [
@@ -75,8 +81,8 @@ def observation_leaves(
             for leaf in observation_leaves(sub, (*base, str(i)))
         ]
     raise ValueError(
-        f"observation space {space} is not supported: use Box, Discrete, MultiDiscrete, "
-        "MultiBinary, or Tuple/Dict spaces of those"
+        f"observation space {space} (key {prefix!r}) is not supported: use Box, Discrete, "
+        "MultiDiscrete, MultiBinary, or Tuple/Dict spaces of those"
     )
 
 

@@ -565,9 +565,9 @@ def test_multi_discrete_one_hot_refuses_an_entry_out_of_its_range_or_a_wrong_wid
     from rppo_td.modules._encoders import _OneHot
 
     encode = _OneHot([3, 4, 2], multi=True)
-    with pytest.raises(ValueError, match=r"entry 1 must be in \[0, 4\), got 4"):
+    with pytest.raises(ValueError, match=r"entry 1 must be a whole number in \[0, 4\), got 4"):
         encode(torch.tensor([[0, 1, 1], [2, 4, 0]]))
-    with pytest.raises(ValueError, match=r"entry 2 must be in \[0, 2\), got -1"):
+    with pytest.raises(ValueError, match=r"entry 2 must be a whole number in \[0, 2\), got -1"):
         encode(torch.tensor([[0, 1, -1]]))
     # one entry would broadcast against the three ranges and offsets
     with pytest.raises(ValueError, match=r"3 entries .* got shape \[2, 1\]"):
@@ -635,7 +635,9 @@ def test_a_normalising_agent_pickles():
     # its load hook was a lambda: torch.save(net) and TorchRL's multi-process collectors failed
     import pickle
 
-    net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
+    net = RecurrentActorCritic(
+        BOX, gym.spaces.Discrete(2), hidden_size=4, normalize_observations=True
+    )
     assert net.normalizer is not None
     net.normalizer.update(TensorDict({"observation": torch.randn(16, 3)}, [16]))
     copy = pickle.loads(pickle.dumps(net))
@@ -710,3 +712,76 @@ def test_recurrent_mode_without_a_step_is_refused_by_name(batch):
     )
     with set_recurrent_mode(True), pytest.raises(ValueError, match="at least one step"):
         RecurrentCritic(net)(td)
+
+
+def test_index_observations_are_checked_by_key():
+    # before: one-hot or [B, 1] Discrete leaves failed inside the LSTM ("Expected input to be
+    # 2D or 3D"), out of range inside one_hot, and 0.99 was read as 0 without a word
+    space = gym.spaces.Dict(
+        {"d": gym.spaces.Discrete(4), "m": gym.spaces.MultiDiscrete([3, 4]), "b": BOX}
+    )
+    net = RecurrentActorCritic(space, gym.spaces.Discrete(2), hidden_size=4)
+    policy = RecurrentPolicy(net)
+
+    def step(**leaves):
+        obs = {"d": torch.tensor([0, 3]), "m": torch.tensor([[0, 1], [2, 3]])}
+        obs |= {"b": torch.zeros(2, 3)} | leaves
+        return policy(TensorDict({"observation": obs, "is_init": torch.ones(2, 1).bool()}, [2]))
+
+    step()
+    step(d=torch.tensor([0.0, 3.0]))  # whole floats are indices
+    key = r"observation \('observation', 'd'\)"
+    with pytest.raises(ValueError, match=key + r" must have the space's shape \[\] \(an index"):
+        step(d=torch.nn.functional.one_hot(torch.tensor([0, 3]), 4))
+    with pytest.raises(ValueError, match=key + r": Discrete observation must be a whole number"):
+        step(d=torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match=key + r": .* in \[0, 4\), got 0.5"):
+        step(d=torch.tensor([0.0, 0.5]))
+    with pytest.raises(ValueError, match=r"'m'\): MultiDiscrete observation entry 1 .* got 1.5"):
+        step(m=torch.tensor([[0.0, 1.5], [2.0, 3.0]]))
+    binary = RecurrentActorCritic(gym.spaces.MultiBinary([2, 2]), gym.spaces.Discrete(2))
+    td = TensorDict({"observation": torch.ones(2, 4), "is_init": torch.ones(2, 1).bool()}, [2])
+    with pytest.raises(ValueError, match=r"shape \[2, 2\] after its batch dims, got \[4\]"):
+        RecurrentPolicy(binary)(td)
+
+
+def test_spaces_and_settings_refused_by_name():
+    # before: a Dict of int keys built a net whose converter looked up "0" (KeyError)
+    with pytest.raises(ValueError, match=r"must be str, got 0 \(int\)"):
+        RecurrentActorCritic(gym.spaces.Dict({0: BOX}), gym.spaces.Discrete(2))
+    with pytest.raises(ValueError, match=r"\(key \('observation', 'mission'\)\)"):
+        RecurrentActorCritic(gym.spaces.Dict({"mission": gym.spaces.Text(3)}), ACTIONS["box"])
+    # a numpy int is an int; "no" is not a bool (it counted as True)
+    assert RecurrentActorCritic(BOX, ACTIONS["box"], hidden_size=np.int64(4)).hidden_size == 4
+    with pytest.raises(ValueError, match="shared_critic must be True or False, got 'no'"):
+        RecurrentActorCritic(BOX, ACTIONS["box"], shared_critic="no")
+
+
+def test_the_normaliser_is_off_unless_asked_for():
+    # before: on by default, never updated outside rppo-train: the identity then a clamp to
+    # [-10, 10], so 20, 100 and 400 gave one output
+    wide = gym.spaces.Box(0.0, 500.0, (1,))
+    net = RecurrentActorCritic(wide, gym.spaces.Discrete(2), hidden_size=4)
+    assert net.normalizer is None
+    obs = TensorDict({"observation": torch.tensor([[20.0], [400.0]])}, [2])
+    assert torch.equal(net.normalize(obs)["observation"], obs["observation"])
+    on = RecurrentActorCritic(wide, ACTIONS["box"], normalize_observations=True)
+    assert on.normalizer is not None
+
+
+def test_the_primer_refuses_an_env_taking_one_hot_actions():
+    # before: TorchRL's GymEnv read each index as a one-hot vector: CartPole got action 0
+    # at every step, and the run learnt nothing, with no error
+    from torchrl.envs import GymEnv, InitTracker, TransformedEnv
+
+    env = gym.make("CartPole-v1")
+    net = RecurrentActorCritic(env.observation_space, env.action_space, hidden_size=4)
+    one_hot = TransformedEnv(GymEnv("CartPole-v1"), InitTracker())
+    with pytest.raises(ValueError, match="categorical_action_encoding=True"):
+        one_hot.append_transform(recurrent_state_primer(net))
+    with pytest.raises(ValueError, match="categorical_action_encoding=True"):
+        TransformedEnv(GymEnv("CartPole-v1"), recurrent_state_primer(net))
+    indices = TransformedEnv(GymEnv("CartPole-v1", categorical_action_encoding=True))
+    indices.append_transform(InitTracker())
+    indices.append_transform(recurrent_state_primer(net))
+    assert indices.reset()["recurrent_state_h"].shape == (1, 4)
