@@ -101,6 +101,7 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             num_threads=self._threads,
         )
         self.closed = False
+        self._answered = False  # whether any call to the workers came back
         self._root: Any = None
 
     def reset(self, *, seed: int | list[int | None] | None = None, options: dict | None = None):
@@ -157,7 +158,7 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``; a worker's fault becomes ``EnvError`` (workers shut down)."""
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except Exception as err:
             reported = self._reported()
             with contextlib.suppress(Exception):  # workers gone already: the fault is the news
@@ -165,9 +166,21 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             if reported is not None:
                 raise reported from None
             first = str(err).splitlines()[0] if str(err) else ""
+            hint = ""
+            if not self._answered and isinstance(err, EOFError | ConnectionError):
+                # the pipe closed before any worker answered
+                hint = (
+                    "; a worker that dies as it starts is often a script that makes the envs "
+                    "when imported: the workers are spawned and import the main module again, "
+                    "so put that code under `if __name__ == '__main__':` (the worker's own "
+                    "traceback is on stderr)"
+                )
             raise EnvError(
-                f"env {self.env_id!r}: a worker process failed ({type(err).__name__}: {first})"
+                f"env {self.env_id!r}: a worker process failed ({type(err).__name__}: "
+                f"{first}){hint}"
             ) from err
+        self._answered = True
+        return out
 
     def _reported(self) -> EnvError | None:
         """The ``EnvError`` the first dying worker wrote, if any (waits up to 2 s)."""

@@ -230,3 +230,20 @@ def test_resumes_across_env_processes_and_ctrl_c_stops_the_workers(tmp_path, cap
     warned = [r.getMessage() for r in caplog.records if "restart from a reset" in r.getMessage()]
     assert len(warned) == 1 and "no usable env state" in warned[0], warned
     assert [f.name for f in out.glob("envs-*.pkl")] == [f"envs-{saved + 1:08d}.pkl"]
+
+
+def test_a_script_without_a_main_guard_is_told_so(tmp_path):
+    # before: "a worker process failed (EOFError: )", the cause only in the worker's stderr
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from rppo_td.envs import CARTPOLE_NOVEL_ID, make_vector_env\n"
+        "env = make_vector_env(CARTPOLE_NOVEL_ID, 2, processes=2)\n"
+        "env.reset(seed=0)\n"
+        "env.close()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "a worker process failed" in done.stderr
+    assert "if __name__ == '__main__':" in done.stderr.splitlines()[-1]
