@@ -36,7 +36,7 @@ from rppo_td.envs._cartpole_novel import (
     register_envs,
 )
 from rppo_td.envs._cartpole_vector import CartPoleNoVelVectorEnv
-from rppo_td.envs._checks import EnvError
+from rppo_td.envs._checks import EnvBuildError, EnvError
 from rppo_td.envs._make import make_env, resolve_env_id
 from rppo_td.envs._make_vector import make_vector_env
 from rppo_td.envs._pendulum_novel import PENDULUM_NOVEL_ID
@@ -46,6 +46,7 @@ from rppo_td.envs._processes import ProcessVectorEnv
 __all__ = [
     "CARTPOLE_NOVEL_ID",
     "CartPoleNoVelVectorEnv",
+    "EnvBuildError",
     "EnvError",
     "PENDULUM_NOVEL_ID",
     "POC_MEMORY_ID",

@@ -54,6 +54,15 @@ class EnvError(RuntimeError):
     """
 
 
+class EnvBuildError(EnvError):
+    """The env could not be built (entry point, constructor, or not a ``gymnasium.Env``).
+
+    Its entry point did not load, its constructor raised, or it returned something other
+    than a ``gymnasium.Env``. A setting that cannot run, as an unknown id is (``rppo-train``
+    exits with status 2); an ``EnvError`` otherwise is an env failing while it runs (1).
+    """
+
+
 def short_repr(value: Any) -> str:
     """A one-line, truncated ``repr`` of ``value`` for error messages."""
     if isinstance(value, np.ndarray) and value.ndim == 0:

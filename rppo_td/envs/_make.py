@@ -10,7 +10,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from rppo_td.envs._cartpole_novel import register_envs
-from rppo_td.envs._checks import EnvChecker, EnvError
+from rppo_td.envs._checks import EnvBuildError, EnvChecker, EnvError
 from rppo_td.envs._spaces import CanonicalSpaces, canonical_observation_space
 
 # _CheckedCreator stays here: pickled env copies (a checkpoint's envs-*.pkl) name it by module
@@ -48,6 +48,12 @@ def resolve_env_id(env_id: str) -> str:
         except ImportError as err:
             raise ValueError(
                 f"env {env_id!r}: cannot import module {module!r} to register {name!r} ({err})"
+            ) from err
+        except Exception as err:  # the user's module itself failed: its error, in one line
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise ValueError(
+                f"env {env_id!r}: importing module {module!r} to register {name!r} raised "
+                f"{type(err).__name__}: {first}"
             ) from err
     else:
         name = env_id
@@ -123,7 +129,7 @@ class _CheckedCreator:
         try:
             return load_env_creator(self.entry_point)
         except Exception as err:
-            raise EnvError(
+            raise EnvBuildError(
                 f"env {self.name!r} could not load its entry point {self.entry_point!r}: "
                 f"{type(err).__name__}: {err}"
             ) from err
@@ -143,11 +149,11 @@ class _CheckedCreator:
         except EnvError:
             raise
         except Exception as err:
-            raise EnvError(
+            raise EnvBuildError(
                 f"env {self.name!r} raised {type(err).__name__} while being built: {err}"
             ) from err
         if not isinstance(env, gym.Env):
-            raise EnvError(
+            raise EnvBuildError(
                 f"env {self.name!r}: its entry point returned {type(env).__name__}, "
                 "expected a gymnasium.Env (old gym envs are not supported)"
             )

@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from rppo_td._validation import check_int_at_least
-from rppo_td.envs._checks import EnvError
+from rppo_td.envs._checks import EnvBuildError, EnvError
 from rppo_td.envs._make import _make, _Maker, resolve_env_id
 from rppo_td.envs._vector import CheckedVectorEnv
 
@@ -196,6 +196,8 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             return None
         if kind == "EnvError":
             return EnvError(message)
+        if kind == "EnvBuildError":
+            return EnvBuildError(message)
         return EnvError(f"env {self.env_id!r} raised {kind} in a worker process: {message}")
 
     def _observation(self, td: Any) -> Any:

@@ -78,7 +78,7 @@ def _missing_package(err: BaseException) -> bool:
 
 def _main(argv: list[str] | None) -> int:
     """``main`` without the outer interrupt guard."""
-    from rppo_td.envs import EnvError
+    from rppo_td.envs import EnvBuildError, EnvError
 
     config, given = config_from_args(argv)
     logging.basicConfig(level=config.log_level, format="%(levelname)s %(name)s: %(message)s")
@@ -92,10 +92,11 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
-        # an env that fails while running is a failure (1); one that cannot be built for want
-        # of its optional package (an extra to install) is a setting that cannot run, as an
-        # unknown env id is (2)
-        return 1 if isinstance(err, EnvError) and not _missing_package(err) else 2
+        # an env that fails while running is a failure (1); one that cannot be built (its
+        # entry point or constructor fails, or its optional package, an extra to install, is
+        # missing) is a setting that cannot run, as an unknown env id is (2)
+        built = isinstance(err, EnvBuildError) or _missing_package(err)
+        return 1 if isinstance(err, EnvError) and not built else 2
     except OSError as err:  # a full disk, say, while reading or writing the run's files
         _error(f"cannot read or write the run's files: {err}")
         return 1

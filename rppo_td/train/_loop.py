@@ -264,6 +264,7 @@ class Trainer:
             "wall_time_s": 0.0,
             "collect_time_s": 0.0,  # of wall_time_s: stepping the envs and the policy
             "learn_time_s": 0.0,  # of wall_time_s: the PPO update and the normaliser
+            "checkpoint_time_s": 0.0,  # writing checkpoints, between updates: not in wall_time_s
             "episodes": 0,
         }
         self.recent: collections.deque = collections.deque(maxlen=20)
@@ -370,7 +371,8 @@ class Trainer:
                 f"the checkpoint in {str(self.directory)!r} does not fit the run its config "
                 f"builds ({type(err).__name__}: {first_line(err, limit=400)})"
             ) from None
-        self.counters = dict(checkpoint["counters"])
+        # checkpoints written before checkpoint_time_s was counted lack it
+        self.counters = {"checkpoint_time_s": 0.0, **checkpoint["counters"]}
         self._check_ranks(self.counters)
         self.recent.extend(checkpoint["recent_returns"])
         self.recent_lengths.extend(checkpoint["recent_lengths"])
@@ -563,7 +565,9 @@ class Trainer:
                         stop.saving = True
                         saving = done
                         if main:
+                            started = time.perf_counter()
                             self.save()
+                            self.counters["checkpoint_time_s"] += time.perf_counter() - started
                         saved_update, saving = done, None
                         stop.saved()
                     if stopped:
@@ -688,6 +692,7 @@ class Trainer:
             "eval_returns": evaluation.get("eval_returns", []),
             "eval_cut_episodes": evaluation.get("eval_cut_episodes", 0),
             "eval_wall_time_s": evaluation.get("eval_wall_time_s", 0.0),
+            "checkpoint_time_s": self.counters["checkpoint_time_s"],
             "world_size": self.ranks.world_size,
             "ranks_in_sync": in_sync,
             "config": c.to_dict(),

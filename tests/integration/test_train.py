@@ -174,6 +174,8 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
     assert summary["collect_fraction"] == pytest.approx(
         summary["collect_time_s"] / summary["wall_time_s"]
     )
+    # the checkpoints' writing, outside wall_time_s, is given apart (it was nowhere)
+    assert summary["checkpoint_time_s"] > 0
     assert (out / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list(out.glob("events.out.tfevents.*"))
     checkpoint = load_checkpoint(out)

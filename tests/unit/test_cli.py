@@ -329,3 +329,34 @@ def test_terminate_as_interrupt_leaves_another_handler_alone():
         with pytest.raises(KeyboardInterrupt):
             handler(signal.SIGTERM, None)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_an_env_of_ones_own_that_cannot_be_built_is_a_setting_error(monkeypatch, capsys, tmp_path):
+    # before: a module failing on import was a traceback (exit 1); an entry point that does not
+    # load or a constructor that raises was one line but exit 1, as for an env failing mid-run
+    import rppo_td.train as train
+
+    (tmp_path / "mine_broken.py").write_text("raise RuntimeError('module side effect failed')\n")
+    (tmp_path / "mine_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "class NeedsArg(gym.Env):\n"
+        "    def __init__(self, size):\n"
+        "        pass\n"
+        "gym.register('mine/Missing-v0', entry_point='mine_envs:DoesNotExist')\n"
+        "gym.register('mine/NeedsArg-v0', entry_point='mine_envs:NeedsArg')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = ["--preset", "smoke", "--no-progress", "--output", str(tmp_path / "run"), "--env"]
+    with pytest.raises(SystemExit) as exc:
+        train.main([*run, "mine_broken:X-v0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "importing module 'mine_broken' to register 'X-v0' raised RuntimeError: module " in err
+    assert len(err.splitlines()) == 1
+    for env, message in (
+        ("mine_envs:mine/Missing-v0", "could not load its entry point 'mine_envs:DoesNotExist'"),
+        ("mine_envs:mine/NeedsArg-v0", "raised TypeError while being built"),
+    ):
+        assert train.main([*run, env, "--overwrite"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
