@@ -221,9 +221,10 @@ class TrainConfig:
     clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=0.99)
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
     anneal_steps: int = _doc(
-        "env steps over which anneal_lr and anneal_clip decay to 0 (0: total_steps), in "
-        "whole updates: anneal_steps // (num_workers * rollout_steps); more than total_steps "
-        "ends the run part way down, as a longer run would be at that point",
+        "env steps (all ranks together, as total_steps) over which anneal_lr and "
+        "anneal_clip decay to 0 (0: total_steps), in whole updates: anneal_steps // "
+        "(num_workers * rollout_steps * ranks); more than total_steps ends the run part way "
+        "down, as a longer run would be at that point",
         default=0,
         low=0,
     )
@@ -253,9 +254,10 @@ class TrainConfig:
         high=1e6,
     )
     novelty_steps: int = _doc(
-        "env steps over which novelty_bonus falls linearly to 0 (0: total_steps); the "
-        "bonus moves once per update, so the horizon is novelty_steps // (num_workers * "
-        "rollout_steps) updates, rounded down as total_steps is",
+        "env steps (all ranks together, as total_steps) over which novelty_bonus falls "
+        "linearly to 0 (0: total_steps); the bonus moves once per update, so the horizon is "
+        "novelty_steps // (num_workers * rollout_steps * ranks) updates, rounded down as "
+        "total_steps is",
         default=0,
         low=0,
     )
@@ -404,15 +406,20 @@ class TrainConfig:
 
     @property
     def anneal_updates(self) -> int:
-        """Updates over which the schedules fall to 0: ``anneal_steps // (W * T)``.
+        """Updates of one process over which the schedules fall to 0: ``anneal_steps // (W * T)``.
 
         ``num_updates`` when ``anneal_steps`` is 0.
         """
         return self.horizon_updates(self.anneal_steps)
 
-    def horizon_updates(self, steps: int) -> int:
-        """Updates in a schedule's horizon of ``steps`` env steps (0: ``num_updates``)."""
-        return steps // self.steps_per_update if steps else self.num_updates
+    def horizon_updates(self, steps: int, ranks: int = 1) -> int:
+        """Updates in a schedule's horizon of ``steps`` env steps (0: ``num_updates``).
+
+        ``steps`` and ``total_steps`` count every rank's steps together: with ``ranks``
+        data-parallel ranks an update is ``ranks * W * T`` steps (at least one update).
+        """
+        per_update = self.steps_per_update * ranks
+        return max(1, (steps or self.total_steps) // per_update)
 
     def output_dir(self) -> Path:
         """``output``, or ``runs/<env>-<recurrence>-s<seed>`` when empty."""

@@ -157,14 +157,25 @@ def gather_ranks(td: TensorDictBase) -> TensorDictBase:
     return gathered
 
 
-def gather_episodes(returns: list[float], lengths: list[int]) -> tuple[list[float], list[int]]:
-    """The episodes every rank finished, in rank order (the same lists on every rank)."""
+def gather_episodes(
+    returns: list[float], lengths: list[int], ends: list[int]
+) -> tuple[list[float], list[int]]:
+    """The episodes every rank finished, in the order they ended (the same on every rank).
+
+    ``ends``: the step each of this rank's episodes ended at, in the order they are listed.
+    Episodes are sorted by that step, then by rank: the order of one process stepping all
+    the ranks' envs (env ``i`` of rank ``r`` as env ``r * W + i``), so a window of the
+    latest episodes holds every rank's, not the last rank's alone.
+    """
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, (returns, lengths))
-    return (
-        [r for rank_returns, _ in everyone for r in rank_returns],
-        [n for _, rank_lengths in everyone for n in rank_lengths],
-    )
+    dist.all_gather_object(everyone, (returns, lengths, ends))
+    merged = [
+        (end, rank, r, n)
+        for rank, (rank_returns, rank_lengths, rank_ends) in enumerate(everyone)
+        for r, n, end in zip(rank_returns, rank_lengths, rank_ends, strict=True)
+    ]
+    merged.sort(key=lambda episode: (episode[0], episode[1]))  # stable: a rank's own order
+    return [r for _, _, r, _ in merged], [n for _, _, _, n in merged]
 
 
 def share_from_main(value: Any, ranks: Ranks) -> Any:

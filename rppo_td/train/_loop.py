@@ -423,7 +423,10 @@ class Trainer:
 
     def _schedule(self, update: int) -> tuple[float, float]:
         c = self.config
-        remaining = max(0.0, 1.0 - update / c.anneal_updates)
+        # anneal_steps (and total_steps) count every rank's steps together
+        remaining = max(
+            0.0, 1.0 - update / c.horizon_updates(c.anneal_steps, self.ranks.world_size)
+        )
         lr = c.learning_rate * (remaining if c.anneal_lr else 1.0)
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
         return lr, max(clip, 1e-3)
@@ -431,7 +434,8 @@ class Trainer:
     def _novelty_coef(self, update: int) -> float:
         """``novelty_bonus``, falling linearly to 0 over ``novelty_steps`` (or the run)."""
         c = self.config
-        return c.novelty_bonus * max(0.0, 1.0 - update / c.horizon_updates(c.novelty_steps))
+        horizon = c.horizon_updates(c.novelty_steps, self.ranks.world_size)
+        return c.novelty_bonus * max(0.0, 1.0 - update / horizon)
 
     def _one_update(self) -> dict[str, Any]:
         update = self.counters["update"]
@@ -451,9 +455,9 @@ class Trainer:
             self.agent.normalizer.update(gather_ranks(obs) if self.ranks.distributed else obs)
         end = time.perf_counter()
         elapsed, collect, learn = end - start, collected - start, end - collected
-        returns, lengths = self.collector.episodes.pop()
+        returns, lengths, ends = self.collector.episodes.pop_ordered()
         if self.ranks.distributed:
-            returns, lengths = gather_episodes(returns, lengths)
+            returns, lengths = gather_episodes(returns, lengths, ends)
         self.recent.extend(returns)
         self.recent_lengths.extend(lengths)
         steps = self.config.steps_per_update * self.ranks.world_size

@@ -206,8 +206,12 @@ class PPOUpdate:
         means["epochs"] = epochs
         means["skipped_steps"] = self.skipped
         if self.novelty is not None:
-            # the share of this rank's steps that reached a view new to their episode
-            means["novel_fraction"] = float(rollout.get(self.novelty.novel_key).float().mean())
+            # the share of the steps that reached a view new to their episode: every rank's
+            # rollout has W * T steps, so the ranks' mean is the share over all of them
+            share = rollout.get(self.novelty.novel_key).float().mean()
+            if self.world_size > 1:
+                share = mean_over_ranks({"share": share}, self.world_size)["share"]
+            means["novel_fraction"] = float(share)
         return means
 
     def _step(self, batch: TensorDictBase) -> dict[str, torch.Tensor]:

@@ -20,13 +20,19 @@ __all__ = ["EpisodeStats", "VectorCollector"]
 
 
 class EpisodeStats:
-    """Running return and length per env; finished episodes are appended to lists."""
+    """Running return and length per env; finished episodes are appended to lists.
+
+    Each finished episode also keeps the step it ended at (counted from the last ``pop``),
+    so that the episodes of several ranks can be put in the order they ended.
+    """
 
     def __init__(self, num_envs: int) -> None:
         self.running_return = np.zeros(num_envs, dtype=np.float64)
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.returns: list[float] = []
         self.lengths: list[int] = []
+        self.ends: list[int] = []
+        self._step = 0
 
     def update(self, reward: np.ndarray, done: np.ndarray) -> None:
         """Adds ``reward`` ``[W]``; closes the episodes where ``done`` ``[W]``."""
@@ -35,14 +41,22 @@ class EpisodeStats:
         if done.any():
             self.returns.extend(self.running_return[done].tolist())
             self.lengths.extend(self.running_length[done].tolist())
+            self.ends.extend([self._step] * int(done.sum()))
             self.running_return[done] = 0.0
             self.running_length[done] = 0
+        self._step += 1
 
     def pop(self) -> tuple[list[float], list[int]]:
         """Returns and clears the episodes finished since the last call."""
         out = (self.returns, self.lengths)
         self.returns, self.lengths = [], []
+        self.ends, self._step = [], 0
         return out
+
+    def pop_ordered(self) -> tuple[list[float], list[int], list[int]]:
+        """``pop``, with the step (since the last call) each episode ended at."""
+        ends = self.ends
+        return (*self.pop(), ends)
 
 
 class VectorCollector(BaseCollector):

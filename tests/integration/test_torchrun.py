@@ -171,3 +171,58 @@ def test_a_signal_to_one_rank_lets_rank_0_close_the_run(tmp_path):
     assert (out / "closed").exists(), done.stderr[-3000:]
     assert load_checkpoint(out)["counters"]["update"] == 3
     assert len((out / "metrics.csv").read_text().splitlines()) == 1 + 3
+
+
+# Rank 0's envs (seeds 0, 1) run 3-step episodes whose every view is new; rank 1's (seeds 2,
+# 3) 1-step episodes that see nothing new.
+SPLIT_ENV = """
+import gymnasium as gym
+import numpy as np
+
+class Split(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 10.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.long = seed < 2
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(1, self.t if self.long else 0, np.float32)
+        return obs, 1.0, self.t >= (3 if self.long else 1), False, {}
+
+gym.register("Split-v0", entry_point=Split)
+"""
+
+
+def test_two_ranks_log_every_ranks_schedule_episodes_and_novelty(tmp_path):
+    # before: the schedules ran over a horizon 2x too long (one rank's steps against a budget
+    # of all ranks'); the window of recent episodes held rank 1's alone (rank order, last 20);
+    # novel_fraction was rank 0's
+    (tmp_path / "split_env.py").write_text(SPLIT_ENV)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "-m", "rppo_td.train", "--env", "split_env:Split-v0"]
+    command += ["--num-workers", "2", "--rollout-steps", "16", "--total-steps", "256"]
+    command += ["--sequence-length", "4", "--num-minibatches", "2", "--hidden-size", "8"]
+    command += ["--novelty-bonus", "0.1", "--eval-episodes", "0", "--no-progress"]
+    command += ["--output", str(out)]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = (out / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    values = [dict(zip(header, row.split(","), strict=True)) for row in rows[1:]]
+    assert len(values) == 4  # 256 steps, 2 ranks x 2 envs x 16 steps an update
+    first = float(values[0]["learning_rate"])
+    for update, row in enumerate(values):
+        assert float(row["learning_rate"]) == pytest.approx(first * (1 - update / 4))
+        assert float(row["novel_fraction"]) == pytest.approx(0.5)
+        # a single process stepping the 4 envs logs 3-step episodes beside the 1-step ones
+        assert 1.0 < float(row["episode_length_mean"]) < 3.0
