@@ -8,6 +8,7 @@ process. Nothing here asserts on a timing: the scripts print and save what they 
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import math
@@ -308,10 +309,35 @@ def run_trainer(args: list[str], out: Path) -> tuple[dict[str, object], dict | N
     return row, json.loads(summary.read_text())
 
 
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int >= ``low`` (``--repeats 0`` is refused by its flag's name
+    before any work, not a ``StatisticsError`` after it)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+        return value
+
+    return parse
+
+
 def write_json(name: str, payload: dict[str, object]) -> Path:
-    """Writes ``benchmarks/results/<name>.json`` and returns its path."""
+    """Writes ``benchmarks/results/<name>.json`` and returns its path.
+
+    A result already there is never overwritten (the docs cite it by name): the new run
+    goes to ``<name>-<UTC time>.json`` beside it. Quick runs (``<name>_quick``), ignored by
+    git, are overwritten.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
+    name = name.removesuffix(".json")
     path = RESULTS / f"{name}.json"
+    if path.exists() and not name.endswith("_quick"):
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = RESULTS / f"{name}-{stamp}.json"
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
     return path
 

@@ -37,7 +37,7 @@ import os
 
 import gymnasium as gym
 import torch
-from _common import format_seconds, print_table, time_interleaved, write_json
+from _common import at_least, format_seconds, print_table, time_interleaved, write_json
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -307,7 +307,7 @@ def main() -> None:
     """Runs the checks and the timings; prints a table and writes the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats, B=32 only")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=at_least(1), default=1)
     parser.add_argument(
         "--output", default=None, help="JSON name (default agent_modules, agent_modules_quick)"
     )

@@ -34,7 +34,7 @@ import argparse
 import os
 
 import torch
-from _common import format_seconds, print_table, time_interleaved, write_json
+from _common import at_least, format_seconds, print_table, time_interleaved, write_json
 from tensordict.nn import TensorDictSequential
 
 from rppo_td.envs import make_vector_env, resolve_env_id
@@ -53,10 +53,14 @@ def main() -> None:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--env", default=defaults.env, help="gymnasium id")
-    parser.add_argument("--workers", type=int, default=defaults.num_workers, help="W")
+    parser.add_argument("--workers", type=at_least(1), default=defaults.num_workers, help="W")
     parser.add_argument("--steps", type=int, default=defaults.rollout_steps, help="T")
-    parser.add_argument("--repeats", type=int, default=15, help="timed rollouts per candidate")
-    parser.add_argument("--threads", type=int, default=defaults.threads, help="torch threads")
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=15, help="timed rollouts per candidate"
+    )
+    parser.add_argument(
+        "--threads", type=at_least(1), default=defaults.threads, help="torch threads"
+    )
     parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats")
     parser.add_argument("--output", default=None, help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()

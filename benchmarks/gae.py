@@ -31,6 +31,7 @@ import torch
 from _common import (
     GAMMA,
     LMBDA,
+    at_least,
     episode_flags,
     format_seconds,
     load_reference,
@@ -107,8 +108,10 @@ def candidates(x: dict[str, torch.Tensor], reference) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 15)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="timed repeats (default 15)"
+    )
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
     if args.threads is not None:

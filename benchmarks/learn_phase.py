@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable
 
 import torch
-from _common import format_seconds, print_table, time_interleaved, write_json
+from _common import at_least, format_seconds, print_table, time_interleaved, write_json
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rppo_td.modules import _encoders
@@ -215,7 +215,7 @@ def report(results: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=["minigrid-memory-s9", "cartpole-novel"])
-    parser.add_argument("--repeats", type=int, default=7, help="timed calls per candidate")
+    parser.add_argument("--repeats", type=at_least(1), default=7, help="timed calls per candidate")
     parser.add_argument(
         "--from-run",
         default=None,

@@ -28,7 +28,7 @@ import json
 import tempfile
 
 import torch
-from _common import RESULTS, first_minibatch, time_interleaved, write_json
+from _common import RESULTS, at_least, first_minibatch, time_interleaved, write_json
 from torch import nn
 
 from rppo_td.train import TrainConfig, Trainer
@@ -45,7 +45,7 @@ def newest_sb3_seconds() -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=at_least(1), default=30)
     parser.add_argument("--sb3-seconds", type=float, default=None)
     parser.add_argument("--quick", action="store_true", help="3 repeats (CI)")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")

@@ -27,7 +27,7 @@ import time
 
 import gymnasium as gym
 import torch
-from _common import write_json
+from _common import at_least, write_json
 from tensordict import TensorDict
 
 from rppo_td.modules import RecurrentActorCritic
@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=9, help="steps from cue a to cue b")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=at_least(1), default=1)
     parser.add_argument("--quick", action="store_true", help="one seed, 20 iterations")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()

@@ -654,8 +654,8 @@ def task_table(suite: Suite) -> list[str]:
     lines = [
         "| task | flags over the preset | target | budget | final eval: mean (min to max) "
         "[per seed] | final eval >= target (95% Wilson interval of the rate) | training "
-        "return reached target | median env steps to target | median s to target | median "
-        "run s |",
+        "return reached target | median env steps to target (the seeds that reached it) | "
+        "median s to target (the same seeds) | median run s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, flags, results in task_groups(suite):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import PIPELINE_SHAPES, QUICK_SHAPES, make_rollout, print_table, write_json
+from _common import PIPELINE_SHAPES, QUICK_SHAPES, at_least, make_rollout, print_table, write_json
 from pipeline import Pipeline
 
 from rppo_td._native import native_kernels
@@ -46,7 +46,7 @@ def compare(pipeline: Pipeline, td, rounds: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a few rounds")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 80)")
+    parser.add_argument("--rounds", type=at_least(1), default=None, help="rounds (default 80)")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
     shapes = (

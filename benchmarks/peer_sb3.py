@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,7 +28,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import write_json
+from _common import at_least, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -98,9 +99,11 @@ def sb3_child(seed: int, total_steps: int, episodes: int, threads: int) -> None:
     )
 
 
-def timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+def timed(
+    cmd: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     return proc, time.perf_counter() - start
 
 
@@ -109,11 +112,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--total-steps", type=int, default=100_000)
-    parser.add_argument("--episodes", type=int, default=20)
+    # one update of the default run (128 workers x 8 steps) at least
+    parser.add_argument("--total-steps", type=at_least(1024), default=100_000)
+    parser.add_argument("--episodes", type=at_least(1), default=20)
     parser.add_argument(
         "--threads",
-        type=int,
+        type=at_least(0),
         default=1,
         help="torch threads for both trainers (default 1, rppo-train's default; 0 keeps "
         "torch's default, 2 on a 2-core machine, which is much slower there when anything "
@@ -130,6 +134,16 @@ def main() -> int:
         print("sb3-contrib is not installed: pip install -e '.[bench]'")
         return 0
 
+    # both runs' files (sb3's logger directory, rppo-train's output) go, however it ends
+    scratch = Path(tempfile.mkdtemp(prefix="rppo_peer_"))
+    try:
+        return _compare(args, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _compare(args: argparse.Namespace, scratch: Path) -> int:
+    """Trains sb3-contrib then rppo-train in child processes; prints and writes the ratios."""
     rows = {}
     load = {"before": os.getloadavg()[0]}
     proc, wall = timed(
@@ -145,7 +159,8 @@ def main() -> int:
             str(args.episodes),
             "--threads",
             str(args.threads),
-        ]
+        ],
+        env={**os.environ, "SB3_LOGDIR": str(scratch / "sb3")},
     )
     if proc.returncode != 0:
         print(proc.stderr[-3000:])
@@ -155,7 +170,7 @@ def main() -> int:
         "process_wall_s": wall,
     }
     load["between"] = os.getloadavg()[0]
-    out = Path(tempfile.mkdtemp(prefix="rppo_peer_"))
+    out = scratch / "rppo"
     proc, wall = timed(
         [
             sys.executable,

@@ -53,6 +53,7 @@ from _common import (
     PIPELINE_SHAPES,
     QUICK_SHAPES,
     RolloutShape,
+    at_least,
     format_seconds,
     load_reference,
     make_rollout,
@@ -396,8 +397,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="timed repeats (default 7)"
+    )
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--shape", default=None, help="only shapes whose name contains this")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")

@@ -42,7 +42,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from _common import format_seconds, print_table, time_interleaved, write_json
+from _common import at_least, format_seconds, print_table, time_interleaved, write_json
 
 from rppo_td.envs import make_env, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentPolicy
@@ -86,9 +86,9 @@ def learner_ranks(workers: int, steps: int, updates: int) -> dict[int, dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--workers", type=at_least(1), default=16)
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=at_least(1), default=9)
     parser.add_argument("--output", default="scaling")
     parser.add_argument("--rank-updates", type=int, default=20, help="updates per torchrun run")
     args = parser.parse_args()

@@ -29,6 +29,7 @@ from _common import (
     PIPELINE_SHAPES,
     QUICK_SHAPES,
     RolloutShape,
+    at_least,
     format_seconds,
     make_rollout,
     print_table,
@@ -119,8 +120,10 @@ def same_gradients(model: RecurrentActorCritic, minibatches: list) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one repeat")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="timed repeats (default 3)"
+    )
+    parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
     if args.threads is not None:

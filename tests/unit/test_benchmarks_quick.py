@@ -466,3 +466,32 @@ def test_memory_suite_refuses_a_flag_that_is_no_setting(capsys: pytest.CaptureFi
         memory_suite.main(["--tasks", "poc-memory", "--flags", "--hiden-size 4"])
     assert stop.value.code == 2
     assert "--hiden-size is no rppo-train setting" in capsys.readouterr().err
+
+
+def test_a_published_result_is_never_overwritten(tmp_path: Path, monkeypatch) -> None:
+    # before: a partial pipeline.py run (--shape 256x128) replaced pipeline_cpu.json, whose
+    # figures the README cites
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import _common
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    monkeypatch.setattr(_common, "RESULTS", tmp_path)
+    first = _common.write_json("pipeline_cpu", {"run": 1})
+    second = _common.write_json("pipeline_cpu", {"run": 2})
+    assert first == tmp_path / "pipeline_cpu.json"
+    assert json.loads(first.read_text())["run"] == 1
+    assert second.name.startswith("pipeline_cpu-") and json.loads(second.read_text())["run"] == 2
+    _common.write_json("pipeline_quick", {"run": 1})
+    assert _common.write_json("pipeline_quick", {"run": 2}) == tmp_path / "pipeline_quick.json"
+    # bad settings are refused by their flag's name before any work
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "pipeline.py"), "--repeats", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "argument --repeats: expected an int >= 1, got 0" in done.stderr
