@@ -56,7 +56,7 @@ _FPS_WHY = {
 GIF_HOLD_S = 1.0
 _DEFAULT_FPS = 30
 _MP4_INSTALL = "pip install 'rppo_td[video]' (or pip install imageio-ffmpeg)"
-_PYGAME_INSTALL = "pip install pygame-ce (or pip install 'gymnasium[classic-control]')"
+_PYGAME_INSTALL = "pip install 'rppo_td[video]' (or pip install pygame-ce)"
 
 
 def check_video_path(path: str | os.PathLike[str]) -> Path:
@@ -195,7 +195,12 @@ def render_frame(env: gym.Env, name: str, shape: tuple[int, ...] | None = None) 
     try:
         frame = env.render()
     except gym.error.DependencyNotInstalled as err:
-        hint = f"; with pygame-ce installed here: {_PYGAME_INSTALL}" if "pygame" in str(err) else ""
+        # gymnasium's own advice names pygame's gymnasium extra; rppo_td's names its own
+        hint = (
+            f"; rppo_td's video extra has pygame-ce: {_PYGAME_INSTALL}"
+            if "pygame" in str(err)
+            else ""
+        )
         raise ValueError(f"env {name!r} cannot render frames: {err}{hint}") from None
     except Exception as err:
         raise EnvError(f"env {name!r}: render() raised {type(err).__name__}: {err}") from err

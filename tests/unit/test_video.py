@@ -245,7 +245,7 @@ def test_an_env_without_its_render_package_names_the_install(monkeypatch):
     env = make_render_env("rppo_td/CartPoleNoVel-v1")
     env.reset(seed=0)
     monkeypatch.setitem(sys.modules, "pygame", None)
-    with pytest.raises(ValueError, match=r"CartPoleNoVel-v1.*pip install pygame-ce"):
+    with pytest.raises(ValueError, match=r"CartPoleNoVel-v1.*pip install 'rppo_td\[video\]'"):
         render_frame(env, "rppo_td/CartPoleNoVel-v1")
 
 
