@@ -14,6 +14,7 @@ From the command line, put the class in a module that registers it when imported
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -142,4 +143,8 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
+    # --help, and no option taken silently: the budget is set by RPPO_TD_TINY only
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main(make_config())

@@ -14,6 +14,7 @@ Each run writes its metrics.csv, learning_curve.png, checkpoint.pt and summary.j
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from dataclasses import dataclass, field
@@ -91,4 +92,8 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
+    # --help, and no option taken silently: the budget is set by RPPO_TD_TINY only
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main(make_config())

@@ -11,6 +11,7 @@ each stage adds. The last stage checks the round trip back to ``[W, T]``.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import torch
@@ -153,4 +154,8 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
+    # --help, and no option taken silently: the budget is set by RPPO_TD_TINY only
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main(Config())

@@ -16,6 +16,7 @@ loss are rppo_td's.
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 
@@ -209,4 +210,8 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
+    # --help, and no option taken silently: the budget is set by RPPO_TD_TINY only
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main(make_config())

@@ -39,6 +39,7 @@ Several machines (from TorchRL 0.14.1's ``DistributedCollector`` source and docs
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import socket
@@ -259,4 +260,8 @@ def main(cfg: Config) -> None:
 
 
 if __name__ == "__main__":  # required: the mp launcher spawns fresh interpreters
+    # --help, and no option taken silently: the budget is set by RPPO_TD_TINY only
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main(make_config())
