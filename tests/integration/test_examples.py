@@ -22,6 +22,7 @@ LAST_WORDS = {
     "custom_env.py": "expected return is 0",
     "lstm_vs_gru.py": "eval return: deterministic",
     "torchrl_distributed.py": "done: 2 updates",
+    "torchrl_masked_cartpole.py": "done: 64 env steps",
 }
 
 
