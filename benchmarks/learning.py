@@ -59,7 +59,10 @@ def run_one(recurrence: str | None, seed: int, total_steps: int | None, workdir:
 
 def fmt(row: dict) -> str:
     if "error" in row:
-        return f"{row['recurrence']:>16} {row['seed']:>4}  FAILED (exit {row['returncode']})"
+        # the trainer's last line on stderr says why (a setting refused, an env that failed)
+        lines = row["error"].strip().splitlines()
+        why = f": {lines[-1]}" if lines else ""
+        return f"{row['recurrence']:>16} {row['seed']:>4}  FAILED (exit {row['returncode']}){why}"
     return (
         f"{row['recurrence']:>16} {row['seed']:>4} {row['eval_return_mean']:>8.1f} "
         f"{row['eval_return_std']:>6.1f} {row['env_steps']:>8} {row['wall_time_s']:>8.1f} "
