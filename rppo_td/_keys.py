@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 from tensordict import NestedKey
 
-__all__ = ["RolloutKeys"]
+__all__ = ["RolloutKeys", "as_path"]
 
 
 @dataclass(frozen=True)
@@ -113,3 +113,8 @@ def _path(name: str, key: object) -> tuple[str, ...]:
 
 
 DEFAULT_KEYS = RolloutKeys()
+
+
+def as_path(key: NestedKey) -> tuple[str, ...]:
+    """``key`` as a tuple of strs: ``"a"`` is ``("a",)``, so that two spellings compare equal."""
+    return key if isinstance(key, tuple) else (key,)

@@ -323,16 +323,12 @@ class RecurrentActorCritic(nn.Module):
         self.shared_critic = shared_critic
         self.action_space = action_space
         self.leaves = observation_leaves(observation_space)
-        # (key, shape, image) of each Box leaf, whose shape and (for images) dtype normalize()
-        # checks: a wrong shape would broadcast against the normaliser's statistics silently
-        self._box_leaves = [
-            (key, tuple(space.shape), is_image(space))
-            for key, space in self.leaves
-            if isinstance(space, gym.spaces.Box)
-        ]
-        # (key, shape after the batch dims) of every leaf: a Discrete one is an index, and
-        # a one-hot or [*B, 1] one would reach the core with extra dims
+        # what normalize() checks: every leaf's shape after the batch dims (a Box one of
+        # another shape could broadcast against the statistics; a Discrete one is an index,
+        # and a one-hot or [*B, 1] one would reach the core with extra dims), and that the
+        # image leaves are uint8
         self._leaf_shapes = [(key, tuple(space.shape or ())) for key, space in self.leaves]
+        self._image_keys = [key for key, space in self.leaves if is_image(space)]
         self.normalizer = (
             ObservationNormalizer(self.leaves, center=center_observations)
             if normalize_observations
@@ -362,7 +358,7 @@ class RecurrentActorCritic(nn.Module):
     @property
     def image_keys(self) -> list[NestedKey]:
         """The keys of the uint8 image leaves (read by a CNN, see ``image_layout``), in order."""
-        return [key for key, _, image in self._box_leaves if image]
+        return list(self._image_keys)
 
     @property
     def actor_state_keys(self) -> tuple[str, ...]:
@@ -436,9 +432,9 @@ class RecurrentActorCritic(nn.Module):
                     f"observation {key!r} must have the space's shape {list(shape)}{index} "
                     f"after its batch dims, got {list(value.shape[lead:])}"
                 )
-        for key, _, image in self._box_leaves:
+        for key in self._image_keys:
             value = obs.get(key, None)
-            if image and isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
+            if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
                 raise ValueError(
                     f"image observation {key!r} must be uint8 (the encoder divides by 255), "
                     f"got {value.dtype}"

@@ -455,7 +455,7 @@ class Trainer:
             self.agent.normalizer.update(gather_ranks(obs) if self.ranks.distributed else obs)
         end = time.perf_counter()
         elapsed, collect, learn = end - start, collected - start, end - collected
-        returns, lengths, ends = self.collector.episodes.pop_ordered()
+        returns, lengths, ends = self.collector.episodes.pop()
         if self.ranks.distributed:
             returns, lengths = gather_episodes(returns, lengths, ends)
         self.recent.extend(returns)

@@ -46,17 +46,14 @@ class EpisodeStats:
             self.running_length[done] = 0
         self._step += 1
 
-    def pop(self) -> tuple[list[float], list[int]]:
-        """Returns and clears the episodes finished since the last call."""
-        out = (self.returns, self.lengths)
-        self.returns, self.lengths = [], []
-        self.ends, self._step = [], 0
-        return out
+    def pop(self) -> tuple[list[float], list[int], list[int]]:
+        """Returns and clears the episodes finished since the last call.
 
-    def pop_ordered(self) -> tuple[list[float], list[int], list[int]]:
-        """``pop``, with the step (since the last call) each episode ended at."""
-        ends = self.ends
-        return (*self.pop(), ends)
+        ``(returns, lengths, ends)``: ``ends`` the step (since the last call) each ended at.
+        """
+        out = (self.returns, self.lengths, self.ends)
+        self.returns, self.lengths, self.ends, self._step = [], [], [], 0
+        return out
 
 
 class VectorCollector(BaseCollector):

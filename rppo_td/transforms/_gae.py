@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-from tensordict import NestedKey, TensorDictBase
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
-from rppo_td._keys import RolloutKeys
+from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._validation import (
     MissingKeyError,
     check_dtype,
@@ -176,7 +176,7 @@ class GAE(RolloutTransform):
         missing_next = tensordict.get(keys.next_state_value, None) is None
         if not (missing_now or missing_next) or self.value_network is None:
             return
-        if _as_tuple(keys.next_state_value) != ("next", *_as_tuple(keys.state_value)):
+        if as_path(keys.next_state_value) != ("next", *as_path(keys.state_value)):
             raise MissingKeyError(
                 f"GAE with a value_network computes {keys.next_state_value!r} by calling the "
                 f"network on tensordict['next']; it must be ('next', *{keys.state_value!r})"
@@ -194,7 +194,3 @@ class GAE(RolloutTransform):
             tensordict.set(keys.state_value, value)
         if missing_next:
             tensordict.set(keys.next_state_value, next_value)
-
-
-def _as_tuple(key: NestedKey) -> tuple[str, ...]:
-    return key if isinstance(key, tuple) else (key,)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import NestedKey, TensorDictBase
 
-from rppo_td._keys import RolloutKeys
+from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._validation import (
     check_device,
     check_floating,
@@ -141,11 +141,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
 
     def _check_novel_key(self) -> None:
         """``novel_key`` must not be a key the bonus reads (writing it would clobber it)."""
-
-        def flat(key: NestedKey) -> tuple[str, ...]:
-            return (key,) if isinstance(key, str) else tuple(key)
-
-        if flat(self.novel_key) in {flat(key) for key in self.in_keys}:
+        if as_path(self.novel_key) in {as_path(key) for key in self.in_keys}:
             raise ValueError(
                 f"EpisodicNoveltyBonus: novel_key={self.novel_key!r} is a key it reads (its "
                 f"in_keys: {self.in_keys}); give the flags a key of their own"

@@ -12,7 +12,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import set_recurrent_mode
 
-from rppo_td._keys import RolloutKeys
+from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._lazy import shallow_copy
 from rppo_td._validation import check_dtype, check_shape, get_key
 from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps, unpad_rows
@@ -546,10 +546,10 @@ def state_keys_of(module: Any) -> tuple[NestedKey, ...]:
     if own is not None:
         keys = tuple(own)
     else:
-        in_keys = [_as_tuple(key) for key in getattr(module, "in_keys", [])]
+        in_keys = [as_path(key) for key in getattr(module, "in_keys", [])]
         keys = tuple(
             key[1] if len(key) == 2 else key[1:]
-            for key in (_as_tuple(k) for k in getattr(module, "out_keys", []))
+            for key in (as_path(k) for k in getattr(module, "out_keys", []))
             if len(key) > 1 and key[0] == "next" and key[1:] in in_keys
         )
     if not keys:
@@ -575,10 +575,6 @@ def _state_shape(module: Any) -> tuple[int, ...] | None:
         if core is not None and hasattr(core, "hidden_size") and hasattr(core, "num_layers"):
             return (int(core.num_layers), int(core.hidden_size))
     return None
-
-
-def _as_tuple(key: NestedKey) -> tuple[str, ...]:
-    return key if isinstance(key, tuple) else (key,)
 
 
 def scan_step_by_step(
@@ -635,7 +631,7 @@ def scan_step_by_step(
                 step.set(key, carry[key])
             out = module(step)
             for key in keys:
-                after = out.get(("next", *_as_tuple(key)))
+                after = out.get(("next", *as_path(key)))
                 carry[key] = torch.where(_expand(on, after), after, carry[key])
     stacked = {key: torch.stack(values, dim=1) for key, values in entering.items()}
     return stacked, carry

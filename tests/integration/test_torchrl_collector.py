@@ -105,7 +105,8 @@ def collected(request):
     """``(net, two consecutive rollouts, the finished episodes)`` of one construction."""
     net = make_net(shared_critic=False)
     rollouts, collector = collect(net, policy_of(net), batching=request.param, rollouts=2)
-    return net, rollouts, collector.episodes.pop()
+    returns, lengths, _ = collector.episodes.pop()
+    return net, rollouts, (returns, lengths)
 
 
 def check_layout(net: RecurrentActorCritic, td: TensorDictBase) -> None:
