@@ -53,19 +53,26 @@ def main() -> None:
     defaults = TrainConfig()
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--env", default=defaults.env, help="gymnasium id")
-    parser.add_argument("--workers", type=at_least(1), default=defaults.num_workers, help="W")
-    parser.add_argument("--steps", type=int, default=defaults.rollout_steps, help="T")
     parser.add_argument(
-        "--repeats", type=at_least(1), default=15, help="timed rollouts per candidate"
+        "--workers", type=at_least(1), default=None, help=f"W (default {defaults.num_workers})"
+    )
+    parser.add_argument(
+        "--steps", type=at_least(1), default=None, help=f"T (default {defaults.rollout_steps})"
+    )
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="timed rollouts per candidate (15)"
     )
     parser.add_argument(
         "--threads", type=at_least(1), default=defaults.threads, help="torch threads"
     )
-    parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats")
+    parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats unless given")
     parser.add_argument("--output", default=None, help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()
-    if args.quick:
-        args.workers, args.steps, args.repeats = 4, 8, 2
+    quick = {"workers": 4, "steps": 8, "repeats": 2}
+    full = {"workers": defaults.num_workers, "steps": defaults.rollout_steps, "repeats": 15}
+    for flag, value in (quick if args.quick else full).items():  # a flag given wins
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
     if args.threads:
         torch.set_num_threads(args.threads)
     w, t = args.workers, args.steps

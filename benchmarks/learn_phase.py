@@ -214,22 +214,30 @@ def report(results: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=["minigrid-memory-s9", "cartpole-novel"])
-    parser.add_argument("--repeats", type=at_least(1), default=7, help="timed calls per candidate")
+    parser.add_argument(
+        "--presets", nargs="+", default=None, help="default minigrid-memory-s9 cartpole-novel"
+    )
+    parser.add_argument(
+        "--repeats", type=at_least(1), default=None, help="timed calls per candidate (7)"
+    )
     parser.add_argument(
         "--from-run",
         default=None,
         help="a run directory of the one preset given: its trained agent collects the rollout",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="poc-memory with a shared critic, two repeats (CI)"
+        "--quick",
+        action="store_true",
+        help="poc-memory with a shared critic, two repeats, unless --presets/--repeats given (CI)",
     )
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    presets, repeats, overrides = args.presets, args.repeats, None
-    if args.quick:
-        presets, repeats, overrides = ["poc-memory"], 2, {"shared_critic": True}
+    presets = args.presets or (
+        ["poc-memory"] if args.quick else ["minigrid-memory-s9", "cartpole-novel"]
+    )
+    repeats = args.repeats or (2 if args.quick else 7)
+    overrides = {"shared_critic": True} if args.quick else None
     if args.from_run is not None and len(presets) != 1:
         parser.error(f"--from-run needs exactly one preset (its run's), got {presets}")
     results = [

@@ -13,6 +13,7 @@ load average before and after each run is printed with it.
 
     python benchmarks/learning.py                 # 5 seeds + 2 control seeds
     python benchmarks/learning.py --seeds 0 1 --control-seeds 0 --total-steps 50000
+    python benchmarks/learning.py --quick         # seed 0 and one control, 2,048 steps each
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import run_trainer, write_json
+from _common import at_least, run_trainer, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -75,16 +76,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--control-seeds", type=int, nargs="*", default=[0, 1])
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0-4")
+    parser.add_argument("--control-seeds", type=int, nargs="*", default=None, help="default 0 1")
     parser.add_argument(
         "--total-steps",
-        type=int,
+        type=at_least(1),
         default=None,
         help="override (default: the trainer's default, 100k)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: seed 0, control seed 0, 2,048 steps, unless given (learning_quick)",
+    )
+    parser.add_argument(
+        "--output", default=None, help="results name (default learning-<UTC time>-<pid>)"
+    )
     args = parser.parse_args()
+    if args.seeds is None:  # a flag given wins over --quick
+        args.seeds = [0] if args.quick else [0, 1, 2, 3, 4]
+    if args.control_seeds is None:
+        args.control_seeds = [0] if args.quick else [0, 1]
+    if args.quick and args.total_steps is None:
+        args.total_steps = 2048
 
     workdir = Path(tempfile.mkdtemp(prefix="rppo_learning_"))
     header = (
@@ -142,8 +157,9 @@ def main() -> int:
         )
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    default = "learning_quick" if args.quick else f"learning-{stamp}-{os.getpid()}"
     path = write_json(
-        f"learning-{stamp}-{os.getpid()}",
+        args.output or default,
         {
             "when_utc": stamp,
             "cpus": os.cpu_count(),

@@ -45,12 +45,12 @@ def newest_sb3_seconds() -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--repeats", type=at_least(1), default=30)
+    parser.add_argument("--repeats", type=at_least(1), default=None, help="default 30")
     parser.add_argument("--sb3-seconds", type=float, default=None)
-    parser.add_argument("--quick", action="store_true", help="3 repeats (CI)")
+    parser.add_argument("--quick", action="store_true", help="3 repeats unless given (CI)")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
-    repeats = 3 if args.quick else args.repeats
+    repeats = args.repeats or (3 if args.quick else 30)
     sb3_seconds = args.sb3_seconds or newest_sb3_seconds()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -92,17 +92,21 @@ def main() -> None:
         default=[0],
         help="1: the heads also read the encoder's features (RecurrentActorCritic encoder_skip)",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
+    parser.add_argument("--iterations", type=at_least(1), default=None, help="default 2000")
     parser.add_argument("--length", type=int, default=9, help="steps from cue a to cue b")
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--threads", type=at_least(1), default=1)
-    parser.add_argument("--quick", action="store_true", help="one seed, 20 iterations")
+    parser.add_argument(
+        "--quick", action="store_true", help="one seed, 20 iterations, unless given"
+    )
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
-    if args.quick:
-        args.seeds, args.iterations = [0], 20
+    if args.seeds is None:  # a flag given wins over --quick
+        args.seeds = [0] if args.quick else [0, 1, 2]
+    if args.iterations is None:
+        args.iterations = 20 if args.quick else 2000
     torch.set_num_threads(args.threads)
     results = []
     for head_layers in args.head_layers:

@@ -113,8 +113,14 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     # one update of the default run (128 workers x 8 steps) at least
-    parser.add_argument("--total-steps", type=at_least(1024), default=100_000)
-    parser.add_argument("--episodes", type=at_least(1), default=20)
+    parser.add_argument("--total-steps", type=at_least(1024), default=None, help="default 100,000")
+    parser.add_argument("--episodes", type=at_least(1), default=None, help="default 20")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2,048 steps, 2 evaluation episodes, unless given (peer_sb3_quick)",
+    )
+    parser.add_argument("--output", default=None, help="results name (default peer_sb3-<UTC time>)")
     parser.add_argument(
         "--threads",
         type=at_least(0),
@@ -125,6 +131,10 @@ def main() -> int:
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.total_steps is None:  # a flag given wins over --quick
+        args.total_steps = 2048 if args.quick else 100_000
+    if args.episodes is None:
+        args.episodes = 2 if args.quick else 20
     if args.child:
         sb3_child(args.seed, args.total_steps, args.episodes, args.threads)
         return 0
@@ -225,7 +235,7 @@ def _compare(args: argparse.Namespace, scratch: Path) -> int:
     )
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = write_json(
-        f"peer_sb3-{stamp}",
+        args.output or ("peer_sb3_quick" if args.quick else f"peer_sb3-{stamp}"),
         {
             "when_utc": stamp,
             "seed": args.seed,

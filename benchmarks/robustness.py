@@ -34,6 +34,10 @@ from pathlib import Path
 
 from _common import print_table, run_trainer, wilson, write_json
 
+from rppo_td.train._cli import config_from_args
+
+QUIET = ["--overwrite", "--no-progress", "--log-level", "WARNING", "--threads", "1"]
+
 
 def parse_seeds(text: list[str]) -> list[int]:
     """``["0-3", "7"]`` -> ``[0, 1, 2, 3, 7]``; a range is inclusive of both ends."""
@@ -60,9 +64,24 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
     return name.strip(), shlex.split(flags)
 
 
+def check_setting(name: str, flags: list[str]) -> None:
+    """Exits before any run when ``rppo-train`` would refuse the setting's flags (its own
+    one-line message is printed first), instead of every seed failing on it."""
+    set_here = ("--seed", "--threads", "--log-level", "--progress", "--no-progress")
+    for flag in (*set_here, "--overwrite", "--no-overwrite"):  # a later flag would win
+        if any(f == flag or f.startswith(flag + "=") for f in flags):
+            raise SystemExit(f"--setting {name!r}: {flag} is set by this script; drop it")
+    try:
+        config_from_args([*flags, "--seed", "0", *QUIET])
+    except SystemExit as refused:
+        if refused.code:
+            raise SystemExit(
+                f"--setting {name!r}: rppo-train refuses its flags {flags} (above)"
+            ) from None
+
+
 def run_one(flags: list[str], seed: int, out: Path) -> dict:
-    quiet = ["--overwrite", "--no-progress", "--log-level", "WARNING", "--threads", "1"]
-    run, summary = run_trainer([*flags, "--seed", str(seed), *quiet], out)
+    run, summary = run_trainer([*flags, "--seed", str(seed), *QUIET], out)
     row = {"seed": seed, **run}
     if summary is not None:
         for key in (
@@ -112,6 +131,8 @@ def main() -> int:
     names = [name for name, _ in settings]
     if len(set(names)) != len(names):
         raise SystemExit(f"--setting: two settings share a name in {names}")
+    for name, flags in settings:
+        check_setting(name, flags)
 
     workdir = Path(tempfile.mkdtemp(prefix="rppo_robustness_"))
     print(

@@ -28,7 +28,12 @@ def run_script(script: str, *args: str) -> None:
 
 
 def run_quick(script: str, output: str) -> dict:
-    run_script(script, "--quick", "--output", output)
+    return run_script_json(script, output, "--quick")
+
+
+def run_script_json(script: str, output: str, *args: str) -> dict:
+    """Runs ``benchmarks/<script> args --output output``; returns (and removes) its JSON."""
+    run_script(script, *args, "--output", output)
     path = RESULTS / f"{output}.json"
     try:
         return json.loads(path.read_text())
@@ -495,3 +500,64 @@ def test_a_published_result_is_never_overwritten(tmp_path: Path, monkeypatch) ->
     )
     assert done.returncode == 2
     assert "argument --repeats: expected an int >= 1, got 0" in done.stderr
+
+
+def test_quick_keeps_the_flags_given() -> None:
+    """``--quick`` fills in only what the command line left out."""
+    data = run_script_json(
+        "memory_readout.py",
+        "test_memory_readout_given",
+        "--quick",
+        "--seeds",
+        "1",
+        "--head-layers",
+        "0",
+        "--forget-bias",
+        "5",
+    )
+    assert data["settings"]["seeds"] == [1] and data["settings"]["iterations"] == 20
+    assert [(r["head_layers"], r["forget_bias"], r["seed"]) for r in data["results"]] == [
+        (0, 5.0, 1)
+    ]
+
+
+def test_learning_quick() -> None:
+    data = run_quick("learning.py", "test_learning_quick")
+    assert [(r["recurrence"], r["seed"]) for r in data["rows"]] == [
+        ("lstm (default)", 0),
+        ("none", 0),
+    ]
+    assert all(r["env_steps"] == 2048 and r["wall_time_s"] > 0 for r in data["rows"])
+    assert data["verdict"]["seeds_run"] == 1
+
+
+def test_peer_sb3_quick() -> None:
+    pytest.importorskip("sb3_contrib")
+    data = run_quick("peer_sb3.py", "test_peer_sb3_quick")
+    assert {"sb3-contrib RecurrentPPO", "rppo-train"} == data["rows"].keys()
+    assert data["rows"]["rppo-train"]["env_steps"] == 2048
+    assert data["ratio"]["train_wall"] > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("bad=--epochs zero", "--setting 'bad': rppo-train refuses its flags"),
+        ("bad=--seed 3", "--setting 'bad': --seed is set by this script"),
+        ("bad=--threads=2", "--setting 'bad': --threads is set by this script"),
+    ],
+)
+def test_robustness_refuses_a_setting_before_any_run(setting: str, message: str) -> None:
+    before = set(RESULTS.glob("robustness*"))
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "robustness.py"), "--setting", setting],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+    assert "seeds" not in done.stdout  # no run started
+    assert set(RESULTS.glob("robustness*")) == before
