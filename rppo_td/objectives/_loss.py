@@ -19,7 +19,7 @@ from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
-from rppo_td._keys import RolloutKeys
+from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._validation import MissingKeyError, get_key
 from rppo_td._values import functional_parameters, state_dtype_error, torchrl_cores
 from rppo_td.functional import masked_mean, masked_normalize
@@ -62,7 +62,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
       drive a network's output to inf there can make gradients NaN (0 * inf), as in any
       masked loss. ``normalize_advantage=True`` standardises with the real steps' mean and
       deviation (``functional.masked_normalize``).
-      Without a ``loss_mask`` key in the input every step counts as real.
+      Without a ``loss_mask`` key in the input every step counts as real, unless the input
+      holds padded sequences all the same (a leaf named ``loss_mask`` under another key, or
+      ``rollout_steps`` with padding): that is refused, naming the key. A minibatch whose
+      mask is all False (padding only) is refused too.
     - **Recurrent mode.** ``forward`` runs the actor and the critic inside TorchRL's
       ``set_recurrent_mode(True)``: an ``LSTMModule``/``GRUModule`` runs over the ``Lp``
       positions of each sequence from the state stored at position 0, and restarts where
@@ -391,6 +394,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if group is not None:
             count = all_reduce(count, group)
             denominator = count / world_size
+        if not bool(count):  # after the all-reduce: every rank raises, none waits for another
+            where = " on any rank" if group is not None else ""
+            raise ValueError(
+                f"RecurrentPPOLoss got a minibatch of padding only: {keys.loss_mask!r} is False "
+                f"at all {mask.numel()} positions{where}; it needs at least one real step"
+            )
         advantage = _where(mask, advantage, 0.0)
         if self.advantage_norm is not None:
             advantage = self._scale_advantage(advantage, tensordict, update=computed)
@@ -690,6 +699,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         batch = tensordict.batch_size
         mask = tensordict.get(key, None)
         if mask is None:
+            _check_unmasked(tensordict, key)
             return torch.ones(batch, dtype=torch.bool, device=tensordict.device)
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise ValueError(f"{key!r} must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
@@ -700,6 +710,28 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 f"{key!r} must have the batch shape {list(batch)}, got {list(mask.shape)}"
             )
         return mask
+
+
+def _check_unmasked(tensordict: TensorDictBase, key: NestedKey) -> None:
+    """Refuses an input without ``key`` that holds padded sequences all the same: read as
+    unmasked, its padding would count as real steps (a mask key renamed on one side only).
+
+    Padded: a leaf named ``loss_mask``, or ``rollout_steps`` (the padder's; 0 on padding)
+    with a 0 in it. Sequences cut from padded ones without their padding pass.
+    """
+    for k in tensordict.keys(include_nested=True, leaves_only=True):
+        name = as_path(k)[-1]
+        found = name == _DEFAULT.loss_mask
+        if name == _DEFAULT.rollout_steps:
+            steps = tensordict.get(k)
+            found = isinstance(steps, torch.Tensor) and bool((steps == 0).any())
+        if found:
+            raise MissingKeyError(
+                f"RecurrentPPOLoss's mask key {key!r} is not in the minibatch, which holds "
+                f"padded sequences ({k!r}): unmasked, their padding would count as real "
+                "steps. Give the loss the padder's mask key (loss_mask_key=, "
+                "set_keys(loss_mask=...))"
+            )
 
 
 def _check_per_step(key: NestedKey, x: torch.Tensor, batch: torch.Size) -> None:

@@ -32,8 +32,10 @@ class SequenceStartStates(RolloutTransform):
     epoch of an update it is stale. This transform replaces it, before each epoch:
 
     - ``start_state="stored"`` (the default, as in ``TrainConfig`` and ``rppo-train``): the
-      state stored during collection (zero at an episode's first step). Without burn-in the
-      states are left as they are.
+      state stored during collection (zero at an episode's first step). Without burn-in
+      these are the states written, but zero wherever an episode starts (a collector that
+      stored another state there, or missed a reset that ``episode_id`` shows, is put right);
+      a ``[W, T]`` rollout still needs ``sequence_offset`` to find the sequences' first steps.
     - ``start_state="refreshed"``: recomputed by the current networks, running each
       worker's row from its first stored state and starting from zero at each episode start:
       each ``is_init``, and where the input has ``episode_id``, wherever it changes (so a

@@ -290,6 +290,28 @@ def test_refusals():
         _loss(agent)(empty)
 
 
+def test_padding_only_and_a_mask_key_renamed_on_one_side_are_refused():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    assert not batch["loss_mask"].all()  # it has padding
+    # every loss and metric was NaN (max_ratio 0.0), the gradients zero
+    padding = batch.clone()
+    padding["loss_mask"][:] = False
+    with pytest.raises(ValueError, match=r"padding only: 'loss_mask' is False at all \d+"):
+        _loss(agent)(padding)
+    # a mask key the padded input lacks: its padding was counted as real steps, silently
+    with pytest.raises(KeyError, match=r"mask key 'mask' is not in the minibatch.*'loss_mask'"):
+        _loss(agent, loss_mask_key="mask")(batch)
+    # renamed on the padder's side only: no leaf named loss_mask, but rollout_steps is 0
+    # on the padding
+    renamed = batch.clone().rename_key_("loss_mask", "mask")
+    with pytest.raises(KeyError, match=r"mask key 'loss_mask' is not.*'rollout_steps'"):
+        _loss(agent)(renamed)
+    expected = _loss(agent)(batch)  # renamed on both sides: the same loss
+    got = _loss(agent, loss_mask_key="mask")(renamed)
+    assert torch.equal(got["loss_objective"], expected["loss_objective"])
+
+
 @pytest.mark.parametrize(
     ("option", "value", "message"),
     [
