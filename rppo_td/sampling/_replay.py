@@ -34,7 +34,11 @@ class SequenceReplaySampler(Sampler):
     (checked in the sync that plans each epoch); else a ``ValueError`` names the key.
 
     Each ``for mb in rb`` loop is one full epoch (TorchRL sets ``ran_out = False`` to start
-    it). To reuse one buffer across updates (``rb.empty()``, then ``rb.extend`` the next
+    it). A loop left early (``break``, e.g. on a KL early stop) leaves the rest of its epoch
+    to the next loop, as TorchRL's buffer tells its sampler nothing of a new loop; set
+    ``rb.sampler.ran_out = False`` to start a new epoch instead. Writing to the buffer
+    (``extend``, ``add``) ends the current epoch: the next ``sample()`` plans one over the
+    stored sequences as they are then. To reuse one buffer across updates (``rb.empty()``, then ``rb.extend`` the next
     rollout's sequences), pad with ``SequencePadder(pad_to=L)``: a ``LazyTensorStorage`` fixes
     ``[Lp]`` at its first ``extend``, ``Lp`` otherwise varies with the data, and the storage
     raises its own ``RuntimeError`` (before this sampler runs) when it changes. Emptying the
@@ -146,6 +150,17 @@ class SequenceReplaySampler(Sampler):
             require=mask_conditions(self.keys.loss_mask, lengths, mask),
         )
         return [g.cpu() for g in groups]
+
+    def extend(self, index: torch.Tensor) -> None:
+        """Called by the buffer after it writes sequences: the current epoch's plan is dropped
+        (it could serve a sequence twice and never serve a new one)."""
+        with self._lock:
+            self._empty()
+
+    def add(self, index: int) -> None:
+        """Called by the buffer after it writes one sequence: as ``extend``."""
+        with self._lock:
+            self._empty()
 
     @property
     def ran_out(self) -> bool:

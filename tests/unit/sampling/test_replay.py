@@ -206,3 +206,33 @@ def test_a_loaded_plan_is_copied_and_checked_against_the_storage():
     assert [g.tolist() for g in copy.state_dict()["plan"]] == [
         g.tolist() for g in sampler.state_dict()["plan"]
     ]
+
+
+def test_a_write_to_the_buffer_starts_a_new_epoch():
+    # a loop left early, then new sequences extended without empty(): the next loop finished
+    # the old plan, over the new data, and never served two of the sequences
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    sampler = SequenceReplaySampler(3, generator=torch.Generator().manual_seed(0))
+    buffer = ReplayBuffer(storage=LazyTensorStorage(6), sampler=sampler, batch_size=1)
+    uid = torch.arange(6).unsqueeze(-1).expand(6, 2)
+    buffer.extend(TensorDict({"loss_mask": mask, "uid": uid}, batch_size=[6, 2]))
+    for _ in buffer:
+        break
+    # without a write, the next loop serves the rest of that epoch (documented)
+    rest = [mb["uid"][:, 0].tolist() for mb in buffer]
+    assert len(rest) == 2
+    for _ in buffer:
+        break
+    buffer.extend(TensorDict({"loss_mask": mask, "uid": uid + 100}, batch_size=[6, 2]))
+    served = sorted(i for mb in buffer for i in mb["uid"][:, 0].tolist())
+    assert served == [100, 101, 102, 103, 104, 105]
+    # the hook of add() too (the buffer calls it after writing one element)
+    for _ in buffer:
+        break
+    sampler.add(0)
+    assert len([i for mb in buffer for i in mb["uid"][:, 0].tolist()]) == 6
+    # a new epoch on request, without a write
+    for _ in buffer:
+        break
+    sampler.ran_out = False
+    assert len([i for mb in buffer for i in mb["uid"][:, 0].tolist()]) == 6
