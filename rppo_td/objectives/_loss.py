@@ -713,10 +713,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
 
 def _check_unmasked(tensordict: TensorDictBase, key: NestedKey) -> None:
-    """Refuses an input without ``key`` that holds padded sequences all the same: read as
-    unmasked, its padding would count as real steps (a mask key renamed on one side only).
+    """Refuses an input without ``key`` that holds padded sequences all the same.
 
-    Padded: a leaf named ``loss_mask``, or ``rollout_steps`` (the padder's; 0 on padding)
+    Read as unmasked, its padding would count as real steps (a mask key renamed on one side
+    only). Padded: a leaf named ``loss_mask``, or ``rollout_steps`` (the padder's; 0 on padding)
     with a 0 in it. Sequences cut from padded ones without their padding pass.
     """
     for k in tensordict.keys(include_nested=True, leaves_only=True):

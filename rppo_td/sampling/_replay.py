@@ -38,13 +38,13 @@ class SequenceReplaySampler(Sampler):
     to the next loop, as TorchRL's buffer tells its sampler nothing of a new loop; set
     ``rb.sampler.ran_out = False`` to start a new epoch instead. Writing to the buffer
     (``extend``, ``add``) ends the current epoch: the next ``sample()`` plans one over the
-    stored sequences as they are then. To reuse one buffer across updates (``rb.empty()``, then ``rb.extend`` the next
-    rollout's sequences), pad with ``SequencePadder(pad_to=L)``: a ``LazyTensorStorage`` fixes
-    ``[Lp]`` at its first ``extend``, ``Lp`` otherwise varies with the data, and the storage
-    raises its own ``RuntimeError`` (before this sampler runs) when it changes. Emptying the
-    buffer also drops the rest of the current epoch. ``ReplayBuffer(prefetch=k)`` is
-    supported: the sampler tells the buffer how many groups of the epoch are left, so the
-    groups sampled ahead never run into the next epoch.
+    stored sequences as they are then. To reuse one buffer across updates (``rb.empty()``,
+    then ``rb.extend`` the next rollout's sequences), pad with ``SequencePadder(pad_to=L)``:
+    a ``LazyTensorStorage`` fixes ``[Lp]`` at its first ``extend``, ``Lp`` otherwise varies
+    with the data, and the storage raises its own ``RuntimeError`` (before this sampler runs)
+    when it changes. Emptying the buffer also drops the rest of the current epoch.
+    ``ReplayBuffer(prefetch=k)`` is supported: the sampler tells the buffer how many groups
+    of the epoch are left, so the groups sampled ahead never run into the next epoch.
 
     Args:
         num_minibatches: ``M >= 1`` groups per epoch.
@@ -152,8 +152,10 @@ class SequenceReplaySampler(Sampler):
         return [g.cpu() for g in groups]
 
     def extend(self, index: torch.Tensor) -> None:
-        """Called by the buffer after it writes sequences: the current epoch's plan is dropped
-        (it could serve a sequence twice and never serve a new one)."""
+        """Called by the buffer after it writes sequences: drops the current epoch's plan.
+
+        The old plan over the new data could serve a sequence twice and another never.
+        """
         with self._lock:
             self._empty()
 

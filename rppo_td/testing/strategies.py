@@ -272,7 +272,8 @@ def rollouts(
     Hypothesis draws each per-step flag as a list, and caps lists at a few thousand
     elements: ``W * T`` of 4,096 or more (where ``rppo_td``'s compiled CPU kernels take over,
     ``rppo_td._native``) is refused by Hypothesis (``Unsatisfiable`` or ``InvalidArgument``).
-    Property-test the kernels on small rollouts inside ``with rppo_td._native.native_kernels(True)``.
+    Property-test the kernels on small rollouts inside
+    ``with rppo_td._native.native_kernels(True):``.
 
     ``done`` is always ``terminated | truncated``. With ``extra_starts`` (``with_is_init`` is
     then True), ``is_init`` is also True at random steps not preceded by ``done``, e.g. an
