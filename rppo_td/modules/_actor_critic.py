@@ -404,7 +404,7 @@ class RecurrentActorCritic(nn.Module):
         ``[*B, *space.shape]`` is refused (a ``Box`` one could broadcast against the
         statistics and give features of the right width from the wrong data; a ``Discrete``
         one is ``[*B]``, an index, not one-hot), and an image leaf that is not ``uint8``
-        (the encoder divides by 255).
+        (the encoder scales it to [0, 1] by its Box bounds).
 
         The network's own dtype is checked here too: it computes in float32 (its encoders
         cast the observations to float32), so parameters cast to another dtype
@@ -436,7 +436,7 @@ class RecurrentActorCritic(nn.Module):
             value = obs.get(key, None)
             if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
                 raise ValueError(
-                    f"image observation {key!r} must be uint8 (the encoder divides by 255), "
+                    f"image observation {key!r} must be uint8 (the encoder scales it by its Box bounds), "
                     f"got {value.dtype}"
                 )
         return obs if self.normalizer is None else self.normalizer(obs)

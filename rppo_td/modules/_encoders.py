@@ -24,8 +24,10 @@ __all__ = ["ObservationEncoder"]
 class _ImageEncoder(nn.Module):
     """CNN: uint8 ``[*B, H, W, C]``, ``[*B, C, H, W]`` or ``[*B, H, W]`` -> ``[*B, F]`` float.
 
-    Pixels are divided by 255. ``channels_last`` says which end of a 3-D image is the
-    channel axis (``image_channels_last``).
+    Pixels are scaled to [0, 1] by the space's bounds: ``(x - low) / (high - low)``, which
+    is ``x / 255`` for the usual ``[0, 255]`` box (a binary ``[0, 1]`` image is read as 0 and 1,
+    not 0 and 1/255). ``channels_last`` says which end of a 3-D image is the channel axis
+    (``image_channels_last``).
 
     Images of at least 36 x 36 (Memory Gym's and Atari's 84 x 84) go through the Nature-DQN
     stack (32 8x8/4, 64 4x4/2, 64 3x3/1), as the seed design's agent does; smaller ones
@@ -61,12 +63,24 @@ class _ImageEncoder(nn.Module):
         with torch.no_grad():
             flat = self.conv(torch.zeros(1, c, h, w)).shape[-1]
         self.linear = nn.Linear(flat, out_features)
+        low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+        self.plain = bool((low == 0).all() and (high == 255).all())  # x / 255, as before
+        if not self.plain:  # from the space, so not in the state dict (old checkpoints load)
+            span = np.where(high > low, high - low, 1.0)
+            self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), False)
+            self.register_buffer("span", torch.as_tensor(span, dtype=torch.float32), False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.grayscale:
             x = x.unsqueeze(-1)
         batch = x.shape[:-3]
-        x = x.reshape(-1, *x.shape[-3:]).float() / 255.0
+        if self.plain:
+            x = x.reshape(-1, *x.shape[-3:]).float() / 255.0
+        else:
+            low, span = self.low, self.span
+            if self.grayscale:
+                low, span = low.unsqueeze(-1), span.unsqueeze(-1)
+            x = ((x.float() - low) / span).reshape(-1, *x.shape[-3:])
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
         return torch.relu(self.linear(self.conv(x))).reshape(*batch, -1)

@@ -186,7 +186,8 @@ class TrainConfig:
     )
     image_layout: Literal["auto", "channels_first", "channels_last"] = _doc(
         "channel axis of uint8 image observations: auto reads it from the shape (the end "
-        "that is 1, 3 or 4) and refuses a shape where both ends are, such as [3, 4, 4]",
+        "that is 1, 3 or 4) and refuses a shape where both ends are, such as [3, 4, 4]; "
+        "another value on an env without uint8 images is refused",
         default="auto",
     )
     normalizer_steps: int = _doc(

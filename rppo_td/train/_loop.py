@@ -194,6 +194,14 @@ class Trainer:
                 f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
                 f"does not fit in memory on {self.device}: {first_line(err, limit=160)}"
             ) from None
+        if checkpoint is None and config.image_layout != "auto" and not self.agent.image_keys:
+            # it reads uint8 images only: ignored here, the run would go on as the user did not
+            # ask (a float image goes to the MLP, never to the CNN); a resumed run keeps its own
+            raise ValueError(
+                f"image_layout={config.image_layout!r} is for uint8 image observations "
+                f"(Box [H, W, C] or [C, H, W]); {config.env!r} has none (observations "
+                f"{self.agent.observation_keys}; float images go to the MLP): leave it out"
+            )
         if self.ranks.distributed:
             broadcast_module(self.agent)  # every rank starts from rank 0's parameters
             # ... and samples its own actions from its own envs (env i of rank r: seed + r W + i)

@@ -615,6 +615,17 @@ def test_rppo_eval_refuses_an_image_layout_on_a_run_without_images(tmp_path, cap
     assert eval_main(args) == 0
 
 
+def test_rppo_train_refuses_an_image_layout_on_an_env_without_images(tmp_path, capsys):
+    """It was ignored: a float image went to the MLP while the user asked for a layout."""
+    out = tmp_path / "run"
+    args = ["--total-steps", "1024", "--output", str(out), "--no-progress"]
+    assert main([*args, "--image-layout", "channels_first"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "image_layout='channels_first' is for uint8 image observations" in err
+    assert not out.exists()
+
+
 def test_rppo_eval_stochastic_is_seeded(tmp_path, capsys):
     trainer, config = _run(tmp_path, eval_episodes=1)
     trainer.run()

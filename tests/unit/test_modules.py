@@ -336,6 +336,44 @@ def test_large_images_take_the_nature_cnn_either_channel_order():
     assert small.conv[0].kernel_size == (3, 3)
 
 
+@pytest.mark.parametrize(
+    ("low", "high", "shape", "last"),
+    [
+        (0, 1, (8, 8, 3), True),  # a binary image: read as 0 and 1, not 0 and 1/255
+        (0, 10, (3, 6, 6), False),
+        (16, 235, (7, 9), True),  # grayscale, video range
+    ],
+)
+def test_pixels_are_scaled_by_the_boxs_bounds(low, high, shape, last):
+    """The conv sees ``(x - low) / (high - low)``: what a [0, 255] image's ``x / 255`` is."""
+    from rppo_td.modules._encoders import _ImageEncoder
+
+    space = gym.spaces.Box(low, high, shape, dtype=np.uint8)
+    encoder = _ImageEncoder(space, 16, channels_last=last)
+    plain = _ImageEncoder(gym.spaces.Box(0, 255, shape, dtype=np.uint8), 16, channels_last=last)
+    plain.load_state_dict(encoder.state_dict())  # bounds are not parameters: old runs load
+    seen = []
+    encoder.conv[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    image = torch.randint(low, high + 1, (2, 3, *shape), dtype=torch.uint8)
+    image[0, 0] = high
+    encoder(image)
+    expected = (image.float() - low) / (high - low)
+    if len(shape) == 2:
+        expected = expected.unsqueeze(-1)
+    if last:
+        expected = expected.movedim(-1, -3)
+    torch.testing.assert_close(seen[0], expected.reshape(seen[0].shape))
+    assert seen[0].max() == 1.0 and seen[0].min() >= 0.0
+    # the usual [0, 255] box: exactly x / 255 as before
+    seen.clear()
+    plain.conv[0].register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    plain(image)
+    want = image.float() / 255.0
+    if len(shape) == 2:
+        want = want.unsqueeze(-1)
+    assert torch.equal(seen[0], (want.movedim(-1, -3) if last else want).reshape(seen[0].shape))
+
+
 def test_grayscale_images_are_one_channel_images_and_other_pixel_boxes_are_refused():
     """``[H, W]`` uint8 (AtariPreprocessing's output) is ``[H, W, 1]``; other uint8 boxes of
     3+ dims are refused by name rather than fed to an MLP as raw 0-255 values."""
