@@ -436,8 +436,8 @@ class RecurrentActorCritic(nn.Module):
             value = obs.get(key, None)
             if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
                 raise ValueError(
-                    f"image observation {key!r} must be uint8 (the encoder scales it by its Box bounds), "
-                    f"got {value.dtype}"
+                    f"image observation {key!r} must be uint8 (the encoder scales it by its "
+                    f"Box bounds), got {value.dtype}"
                 )
         return obs if self.normalizer is None else self.normalizer(obs)
 

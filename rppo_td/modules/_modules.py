@@ -65,7 +65,10 @@ class _Inputs:
             flat = tensordict if len(batch) == 2 else tensordict.reshape(n, length)
         else:
             flat = tensordict if len(batch) == 1 else tensordict.reshape(n)
-        obs = flat.select(*net.observation_keys)
+        try:
+            obs = flat.select(*net.observation_keys)
+        except KeyError:
+            raise _missing_observations(type(module).__name__, net.observation_keys, flat) from None
         self.obs = obs if self.recurrent else obs.unsqueeze(1)
         is_init = flat.get(module.is_init_key, None)
         if is_init is None:
@@ -513,3 +516,21 @@ class _StatePrimer(TensorDictPrimer):
     def transform_input_spec(self, input_spec: Composite) -> Composite:
         self._check_actions(input_spec["full_action_spec"])
         return super().transform_input_spec(input_spec)
+
+
+def _missing_observations(
+    name: str, keys: list[NestedKey], tensordict: TensorDictBase
+) -> MissingKeyError:
+    """The error for observation keys the input lacks, naming them and what it holds."""
+    missing = [key for key in keys if tensordict.get(key, None) is None]
+    held = sorted(str(key) for key in tensordict.keys(include_nested=True, leaves_only=True))
+    hint = ""
+    if "pixels" in held:  # TorchRL's GymEnv names a uint8 image Box observation "pixels"
+        hint = (
+            "; TorchRL's GymEnv names an image observation 'pixels': rename it, e.g. "
+            "env.append_transform(RenameTransform(['pixels'], ['observation']))"
+        )
+    return MissingKeyError(
+        f"{name} reads the observation keys {keys}; the input lacks {missing} (it holds "
+        f"{held}){hint}"
+    )

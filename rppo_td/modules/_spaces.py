@@ -134,7 +134,8 @@ def image_channels_last(shape: tuple[int, ...], layout: ImageLayout, key: Nested
             raise ValueError(
                 f"observation {key!r}: the uint8 image shape {tuple(shape)} reads either way, "
                 f"[C, H, W] with C = {shape[0]} or [H, W, C] with C = {shape[-1]}; set "
-                "image_layout='channels_first' or 'channels_last' (rppo-train --image-layout)"
+                "image_layout='channels_first' or 'channels_last' (--image-layout of rppo-train, "
+                "or of rppo-eval for a run saved before the setting existed: channels_last)"
             )
         return last
     channels = shape[-1] if layout == "channels_last" else shape[0]

@@ -27,7 +27,15 @@ import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import BaseCollector, Collector
-from torchrl.envs import Compose, GymWrapper, InitTracker, SerialEnv, Transform, TransformedEnv
+from torchrl.envs import (
+    Compose,
+    GymWrapper,
+    InitTracker,
+    RenameTransform,
+    SerialEnv,
+    Transform,
+    TransformedEnv,
+)
 
 from rppo_td.envs import make_env, resolve_env_id
 from rppo_td.modules import RecurrentActorCritic, recurrent_state_primer
@@ -97,6 +105,11 @@ def make_torchrl_env(
         )
     else:
         base = SerialEnv(num_workers, functools.partial(_wrapped_env, name))
+        keys = base.observation_spec.keys()
+        if "pixels" in keys and "observation" not in keys:
+            # GymWrapper names one env's uint8 image Box "pixels" (over a vector env it keeps
+            # "observation"); the net reads "observation", as on the vector path
+            transforms.insert(0, RenameTransform(["pixels"], ["observation"]))
     return TransformedEnv(base, Compose(*transforms))
 
 

@@ -344,3 +344,37 @@ def test_box_actions_reach_the_env_clipped_and_are_stored_as_sampled(batching):
     assert len(seen) == 40 and seen.min() >= low and seen.max() <= high
     stored = rollout["action"]
     assert bool((stored.abs() > 0.1).any())  # the samples, whose log-probs the loss compares
+
+
+class _Image(gym.Env):
+    """Images of the step count (7 after a reset), 5 steps an episode."""
+
+    observation_space = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.full((8, 8, 3), 7, np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full((8, 8, 3), self.t, np.uint8), 1.0, False, self.t >= 5, {}
+
+
+@pytest.mark.parametrize("batching", ["vector", "serial"])
+def test_image_envs_reach_the_net_as_observation_either_batching(batching):
+    # GymWrapper names one env's uint8 image "pixels": the serial batching failed in the net
+    from rppo_td.train._torchrl_collector import make_torchrl_env
+
+    if "rppo_td_test/Image-v0" not in gym.registry:
+        gym.register("rppo_td_test/Image-v0", entry_point=_Image)
+    net = RecurrentActorCritic(_Image.observation_space, _Image.action_space, hidden_size=8)
+    env = make_torchrl_env("rppo_td_test/Image-v0", net, num_workers=2, batching=batching)
+    try:
+        td = env.rollout(6, RecurrentActor(net), break_when_any_done=False)
+    finally:
+        env.close()
+    assert "pixels" not in td.keys(include_nested=True)
+    assert td["observation"].shape == (2, 6, 8, 8, 3)
+    assert td["observation"][:, :3, 0, 0, 0].tolist() == [[7, 1, 2]] * 2

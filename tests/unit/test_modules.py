@@ -181,6 +181,17 @@ def test_modules_refuse_missing_or_misshapen_inputs():
         RecurrentActor(net)(td[0])
     with pytest.raises(TypeError, match="RecurrentActorCritic"):
         RecurrentActor(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+    # TorchRL's GymEnv names an image observation "pixels": a tensordict traceback was all
+    image = gym.spaces.Box(0, 255, (8, 8, 3), dtype=np.uint8)
+    pixels = TensorDict(
+        {
+            "pixels": torch.zeros(2, 8, 8, 3, dtype=torch.uint8),
+            "is_init": torch.ones(2, 1, dtype=torch.bool),
+        },
+        batch_size=[2],
+    )
+    with pytest.raises(KeyError, match=r"lacks \['observation'\].*RenameTransform"):
+        RecurrentActor(RecurrentActorCritic(image, ACTIONS["discrete"], hidden_size=8))(pixels)
 
 
 def test_keys_and_primer():
