@@ -19,6 +19,7 @@ import os
 import pickle
 import random
 import warnings
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {where}")
     if file.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty, not an rppo_td checkpoint")
+    _check_checksums(file, where)
     try:
         with warnings.catch_warnings():
             # torch warns about what it refuses to unpickle; the error below says it once
@@ -222,6 +224,32 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         data["config"] = {"center_observations": True, **data["config"]}
         data["format_version"] = FORMAT_VERSION
     return data
+
+
+def _check_checksums(file: Path, where: str) -> None:
+    """Refuses a checkpoint whose bytes changed after it was written (a disk or copy fault).
+
+    ``torch.save`` writes a zip archive with a CRC-32 of every entry, but ``torch.load``
+    does not check them: damaged weights would load as other weights, silently. A file that
+    is not a zip archive is left to ``torch.load``, which refuses it.
+    """
+    try:
+        archive = zipfile.ZipFile(file)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return  # truncated or not a zip: torch.load's error says so
+    with archive:
+        try:
+            damaged = archive.testzip()
+        except Exception as err:  # a damaged entry header or size: zipfile's many types
+            raise CheckpointError(
+                f"{where} is corrupt: {first_line(err, limit=160)}; use an intact copy or "
+                "start a new run"
+            ) from None
+    if damaged is not None:
+        raise CheckpointError(
+            f"{where} is corrupt: the checksum of its entry {damaged!r} does not match its "
+            "bytes (changed after it was written); use an intact copy or start a new run"
+        )
 
 
 def _check_content(data: Any, where: str) -> None:

@@ -14,9 +14,11 @@ import os
 import pickle
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -383,6 +385,20 @@ def test_bad_checkpoints_never_run_code(reference, tmp_path, capsys):
     data["model"][name].view(-1)[0] = float("nan")
     torch.save(data, nan)
     files["nan_weight"] = nan
+    # a real checkpoint with bytes of one weight changed after it was written: it loaded
+    # as another network (rppo-eval scored it, --resume trained on from it), silently
+    flipped = tmp_path / "bad" / "flipped" / "checkpoint.pt"
+    flipped.parent.mkdir()
+    with zipfile.ZipFile(reference / "checkpoint.pt") as archive:
+        weights = [info for info in archive.infolist() if "/data/" in info.filename]
+        entry = max(weights, key=lambda info: info.file_size)  # a weight's bytes
+    header = entry.header_offset  # the local header: 30 bytes, then its name and extra
+    name_length, extra_length = struct.unpack("<HH", blob[header + 26 : header + 30])
+    start = header + 30 + name_length + extra_length
+    damaged = bytearray(blob)
+    damaged[start + entry.file_size // 2] ^= 0x01  # one mantissa bit: a finite weight
+    flipped.write_bytes(bytes(damaged))
+    files["flipped"] = flipped
     for name, path in files.items():
         for command, args in (
             (eval_main, ["--checkpoint", str(path)]),
