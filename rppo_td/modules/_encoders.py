@@ -34,6 +34,9 @@ class _ImageEncoder(nn.Module):
     through two 3x3/2 layers (16 and 32 channels).
     """
 
+    low: torch.Tensor  # buffers of a box other than [0, 255]: its bounds, per pixel
+    span: torch.Tensor
+
     def __init__(self, space: gym.spaces.Box, out_features: int, *, channels_last: bool) -> None:
         super().__init__()
         shape = space.shape

@@ -53,16 +53,20 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     - **Masked, with no extra setting.** Every output is a scalar (0-dim) over the real steps
       (``loss_mask`` True) only: the loss terms ``loss_objective``, ``loss_critic`` and
-      ``loss_entropy`` and the diagnostics ``clip_fraction``, ``kl_approx``, ``entropy``,
-      ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and
-      ``value_clip_fraction``. The loss's own inputs at padding (advantages, targets, old
-      values and log-probabilities, actions) are replaced before use, so whatever they hold
-      changes neither an output nor a gradient. The networks run over the padding's
-      observations as they are: ``SequencePadder``'s zeros change nothing, but values that
-      drive a network's output to inf there can make gradients NaN (0 * inf), as in any
-      masked loss. ``normalize_advantage=True`` standardises with the real steps' mean and
-      deviation (``functional.masked_normalize``).
-      Without a ``loss_mask`` key in the input every step counts as real, unless the input
+      ``loss_entropy`` and the diagnostics ``clip_fraction``, ``kl_approx``, ``kl_k3``, ``entropy``,
+      ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and ``value_clip_fraction``.
+      ``kl_approx`` is TorchRL's ``log(pi_old / pi)``, whose mean over the minibatch the update
+      itself drives below zero (it raises the probability of the actions it saw); ``kl_k3`` is the
+      mean of ``(r - 1) - log r`` with ``r = pi / pi_old`` (Schulman's k3 estimator of the KL
+      divergence from pi_old to pi), never negative: what a KL threshold should compare
+      (``rppo-train --target-kl`` does). The loss's own inputs at padding (advantages, targets, old
+      values and log-probabilities, actions) are replaced before use, so whatever they hold changes
+      neither an output nor a gradient. The networks run over the padding's observations as they
+      are: ``SequencePadder``'s zeros change nothing, but values that drive a network's output to
+      inf there can make gradients NaN (0 * inf), as in any masked loss.
+      ``normalize_advantage=True`` standardises with the real steps' mean and deviation
+      (``functional.masked_normalize``). Without a ``loss_mask`` key in the input every step counts
+      as real, unless the input
       holds padded sequences all the same (a leaf named ``loss_mask`` under another key, or
       ``rollout_steps`` with padding): that is refused, naming the key. A minibatch whose
       mask is all False (padding only) is refused too.
@@ -90,14 +94,14 @@ class RecurrentPPOLoss(ClipPPOLoss):
       gradient of one process on that union (``tests/integration/test_distributed_loss.py``);
     - the advantage is standardised with the union's mean and population deviation.
 
-    The diagnostics are then the union's too (``clip_fraction``, ``kl_approx``, ``entropy``,
-    ``ESS``, ``mean_ratio``, ``max_ratio``, ``value_clip_fraction``, ``explained_variance``;
-    the same value on every rank). Per rank stay: ``reduction="sum"``/``"none"`` (nothing is
-    divided) and TorchRL's ``advantage_norm`` normaliser. Each call then holds 3 (4 with
-    ``normalize_advantage``) small all-reduces: every rank of the group must call the loss
-    the same number of times (the sampler's equal minibatch counts see to that). The
-    advantage statistics are treated as constants (an ``advantage`` that requires grad is not
-    differentiated through them).
+    The diagnostics are then the union's too (``clip_fraction``, ``kl_approx``, ``kl_k3``,
+    ``entropy``, ``ESS``, ``mean_ratio``, ``max_ratio``, ``value_clip_fraction``,
+    ``explained_variance``; the same value on every rank). Per rank stay:
+    ``reduction="sum"``/``"none"`` (nothing is divided) and TorchRL's ``advantage_norm`` normaliser.
+    Each call then holds 3 (4 with ``normalize_advantage``) small all-reduces: every rank of the
+    group must call the loss the same number of times (the sampler's equal minibatch counts see to
+    that). The advantage statistics are treated as constants (an ``advantage`` that requires grad is
+    not differentiated through them).
 
     Inputs: ``[B, Lp]`` (or ``[W, T]``) with the actor's and critic's inputs,
     ``action``, ``action_log_prob`` ``[B, Lp]``, ``advantage`` and ``value_target``
@@ -238,9 +242,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
 
     @property
     def out_keys(self) -> list[NestedKey]:
-        """The keys ``forward`` returns (TorchRL's list, with ``explained_variance``)."""
+        """The keys ``forward`` returns: TorchRL's, with ``kl_k3`` and ``explained_variance``."""
         if getattr(self, "_out_keys", None) is None:
             keys = list(ClipPPOLoss.out_keys.fget(self))  # type: ignore[attr-defined]
+            keys.insert(keys.index("kl_approx") + 1 if "kl_approx" in keys else len(keys), "kl_k3")
             if self._has_critic and self.log_explained_variance:
                 keys.append("explained_variance")
             self._out_keys = keys
@@ -344,7 +349,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         Returns:
             A tensordict of 0-dim tensors: ``loss_objective``, ``loss_critic``,
             ``loss_entropy`` (per position with ``reduction="none"``), ``clip_fraction``,
-            ``kl_approx``, ``entropy``, ``ESS``, ``max_ratio``, ``mean_ratio``,
+            ``kl_approx``, ``kl_k3``, ``entropy``, ``ESS``, ``max_ratio``, ``mean_ratio``,
             ``explained_variance`` and, with ``clip_value``, ``value_clip_fraction``.
         """
         with set_recurrent_mode(True):
@@ -448,9 +453,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         gain = torch.minimum(behaviour.exp() * advantage, clipped.exp() * advantage)
         losses: dict[str, torch.Tensor] = {"loss_objective": -gain}
         # per-step diagnostics, zero on padding: their means are sums over the count
+        with torch.no_grad():  # k3 = (r - 1) - log r >= 0, zero on padding (log r = 0)
+            kl_k3 = torch.expm1(log_weight) - log_weight
         sums: dict[str, torch.Tensor] = {
             "clip_fraction": (clipped != behaviour).to(gain.dtype),
             "kl_approx": kl_approx,
+            "kl_k3": kl_k3,
         }
         if self.entropy_bonus:
             entropy = self._masked_entropy(dist, advantage.shape[:-1], mask)

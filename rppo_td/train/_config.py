@@ -204,8 +204,9 @@ class TrainConfig:
     )
     epochs: int = _doc("PPO epochs per update", default=4, low=1, high=100_000)
     target_kl: float = _doc(
-        "stop an update after the first epoch whose mean approximate KL (kl_approx, the "
-        "policy's change since collection) exceeds this; 0: every update runs all epochs",
+        "stop an update after the first epoch whose mean KL from the collecting policy "
+        "(kl_k3, an estimate that is never negative, unlike kl_approx) exceeds this; 0: every "
+        "update runs all epochs",
         default=0.0,
         low=0.0,
         high=1e6,

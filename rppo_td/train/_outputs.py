@@ -49,6 +49,7 @@ METRIC_FIELDS = (
     "entropy",
     "clip_fraction",
     "kl_approx",
+    "kl_k3",  # the KL estimate --target-kl compares (never negative)
     "ESS",
     "explained_variance",
     "grad_norm",

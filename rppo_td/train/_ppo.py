@@ -59,7 +59,7 @@ class PPOUpdate:
     sets each sequence's start state with the current networks before each epoch;
     ``SequenceSampler`` draws each epoch's minibatches of whole sequences ``[B, Lp]``;
     with ``target_kl`` above 0 the update stops after the first epoch whose minibatches'
-    mean ``kl_approx`` (each measured before its step) exceeds it;
+    mean ``kl_k3`` (each measured before its step) exceeds it;
     ``RecurrentPPOLoss`` (TorchRL's ``ClipPPOLoss``, masked, in recurrent mode: each sequence
     from its stored state at position 0) gives the loss terms, summed for one Adam step with
     the gradient norm clipped. ``value_coef`` weighs ``0.5 * (V - target)^2``.
@@ -179,7 +179,7 @@ class PPOUpdate:
                 stats = self._step(batch)
                 for name, value in stats.items():
                     totals[name] = totals[name] + value if name in totals else value
-                kl = kl + stats["kl_approx"]
+                kl = kl + stats["kl_k3"]
                 count += 1
                 batches += 1
             epochs += 1

@@ -155,6 +155,7 @@ def test_smoke_run_writes_well_formed_outputs(tmp_path, capsys):
             "loss_entropy",
             "clip_fraction",
             "kl_approx",
+            "kl_k3",
             "ESS",
             "explained_variance",
             "fps",

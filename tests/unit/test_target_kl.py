@@ -1,4 +1,4 @@
-"""target_kl: an update stops after the first epoch whose mean kl_approx exceeds it."""
+"""target_kl: an update stops after the first epoch whose mean kl_k3 exceeds it."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_the_update_stops_after_the_first_epoch_over_target_kl(epochs, batches, 
 
     def step(batch):
         next(steps)
-        return {"kl_approx": torch.tensor(next(scripted)), "loss_total": torch.tensor(1.0)}
+        return {"kl_k3": torch.tensor(next(scripted)), "loss_total": torch.tensor(1.0)}
 
     update._step = step  # the KL each minibatch would report, scripted
     stats = update(_rollout(), clip_epsilon=0.2)
@@ -108,7 +108,7 @@ def test_the_update_stops_after_the_first_epoch_over_target_kl(epochs, batches, 
     assert ran == expected * batches  # no minibatch after the stop
     # the scripted KLs are float32 tensors: a mean near 0 of terms near 0.02 is exact to
     # about 1e-8 absolute, not relative
-    assert stats["kl_approx"] == pytest.approx(sum(kls[:ran]) / ran, rel=1e-6, abs=1e-7)
+    assert stats["kl_k3"] == pytest.approx(sum(kls[:ran]) / ran, rel=1e-6, abs=1e-7)
 
 
 def test_without_target_kl_every_epoch_runs_and_the_networks_train():

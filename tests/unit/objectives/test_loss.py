@@ -18,7 +18,7 @@ from rppo_td import RecurrentPPOLoss
 from tests.unit.objectives._nets import ACTIONS, make_agent, step_rollout
 
 CLIP, ENTROPY, CRITIC, CLIP_VALUE = 0.2, 0.01, 0.5, 0.3
-KEYS = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx")
+KEYS = ("loss_objective", "loss_critic", "loss_entropy", "clip_fraction", "kl_approx", "kl_k3")
 KEYS += ("entropy", "ESS", "explained_variance", "max_ratio", "mean_ratio")
 
 
@@ -67,6 +67,7 @@ def _reference(agent, batch, *, normalize=False, clip_value=False):
         loss_entropy=-ENTROPY * entropy.mean(),
         clip_fraction=((ratio < 1 - CLIP) | (ratio > 1 + CLIP)).float().mean(),
         kl_approx=(old_log_prob - log_prob).mean(),
+        kl_k3=((ratio - 1) - ratio.log()).mean(),
         entropy=entropy.mean(),
         ESS=ratio.sum().square() / ratio.square().sum() / ratio.numel(),
         explained_variance=1 - (target - value).var(correction=0) / target.var(correction=0),
