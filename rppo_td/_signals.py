@@ -24,19 +24,25 @@ def terminate_as_interrupt() -> Iterator[None]:
     the process mid-spawn (its workers' tracebacks, leaked semaphores, an empty run directory).
     The trainer's own handler replaces this one while it trains. A handler someone else set
     (an embedding program's), or a call outside the main thread, is left as it is.
+
+    SIGINT too, where the command started with it ignored (a shell starts ``cmd &`` so):
+    the trainer stops on it while it trains, so a ``kill -INT`` during the final evaluation or
+    start-up is not dropped either. Each disposition is restored on exit.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    restore: dict[int, Any] = {}
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
 
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+        restore[signal.SIGTERM] = signal.signal(signal.SIGTERM, interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        restore[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum, handler in restore.items():
+            signal.signal(signum, handler)

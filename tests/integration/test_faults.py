@@ -508,3 +508,31 @@ def test_a_stale_env_file_that_cannot_be_removed_does_not_stop_the_run(
     assert f"could not remove {old}" in caplog.text
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert saved["counters"]["update"] == 2 and saved["env_state"]["file"] != old.name
+
+
+def test_sigint_in_the_final_evaluation_of_a_background_run(tmp_path):
+    # a shell starts `rppo-train ... &` with SIGINT ignored: the trainer stopped on a
+    # `kill -INT` while it trained, but its final evaluation ignored it (for minutes)
+    out = tmp_path / "run"
+    args = _command(out, "--total-steps", "16", "--eval-episodes", "5000")
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    # the last update's row and checkpoint (renamed into place whole): the evaluation is next
+    done = lambda: len(_rows(out)) >= 1 and (out / "checkpoint.pt").exists()  # noqa: E731
+    _wait(done, proc, "the last update's checkpoint")
+    time.sleep(0.5)  # into the evaluation
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("SIGINT was ignored in the final evaluation") from None
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted during the final evaluation" in err, err[-2000:]
+    assert "Traceback" not in err
