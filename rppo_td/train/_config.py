@@ -396,6 +396,79 @@ class TrainConfig:
                 f"a rollout can hold; use num_minibatches <= {fewest}"
             )
 
+    def unused_settings(self) -> list[str]:
+        """One line per setting changed from its default that this config leaves unused.
+
+        Accepted (a preset or a sweep may carry them), but a user who set one expects an
+        effect; the trainer logs each as a warning. Refused combinations are ``validate``'s.
+
+        Example:
+            >>> (line,) = TrainConfig(novelty_steps=4096).unused_settings()
+            >>> line.endswith("the novelty bonus, which is off (novelty_bonus=0)")
+            True
+        """
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        changed = {name for name, value in defaults.items() if getattr(self, name) != value}
+        rules = [
+            (
+                "burn_in",
+                self.start_state == "refreshed",
+                "adds nothing to start_state='refreshed' (the refreshed state already ran "
+                "through every earlier step of the episode)",
+            ),
+            (
+                "start_state",
+                self.sequence_length >= self.rollout_steps and self.start_state == "refreshed",
+                f"changes nothing while sequence_length={self.sequence_length} >= rollout_steps="
+                f"{self.rollout_steps}: every sequence starts at its rollout's first step or an "
+                "episode start, whose states are the stored ones",
+            ),
+            (
+                "burn_in",
+                self.sequence_length >= self.rollout_steps and self.start_state != "refreshed",
+                f"changes nothing while sequence_length={self.sequence_length} >= rollout_steps="
+                f"{self.rollout_steps}: no sequence has earlier steps of its episode in the "
+                "rollout",
+            ),
+            (
+                "num_layers",
+                self.recurrence == "none",
+                "stacks recurrent layers, and recurrence='none' has none",
+            ),
+            (
+                "center_observations",
+                not self.normalize_observations,
+                "shapes the observation normaliser, which is off (normalize_observations=False)",
+            ),
+            (
+                "normalizer_steps",
+                not self.normalize_observations,
+                "freezes the observation normaliser, which is off (normalize_observations=False)",
+            ),
+            (
+                "novelty_steps",
+                not self.novelty_bonus,
+                "sets the horizon of the novelty bonus, which is off (novelty_bonus=0)",
+            ),
+            (
+                "anneal_steps",
+                not self.anneal_lr and not self.anneal_clip,
+                "sets the horizon of the annealing, which is off (anneal_lr and anneal_clip "
+                "False)",
+            ),
+            (
+                "advantage_eps",
+                not self.normalize_advantage,
+                "is the advantage normalisation's epsilon, which is off "
+                "(normalize_advantage=False)",
+            ),
+        ]
+        return [
+            f"{name}={getattr(self, name)!r} {why}"
+            for name, unused, why in rules
+            if unused and name in changed
+        ]
+
     @property
     def steps_per_update(self) -> int:
         """``W * T``."""

@@ -144,6 +144,9 @@ class Trainer:
                 self.release()
                 raise
         self.config = config
+        if self.ranks.main and checkpoint is None:
+            for line in config.unused_settings():  # accepted, but the user expects an effect
+                log.warning("%s", line)
         created = None
         try:
             self.device = start_group(self.ranks, _check_device(config.device))

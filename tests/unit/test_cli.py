@@ -360,3 +360,39 @@ def test_an_env_of_ones_own_that_cannot_be_built_is_a_setting_error(monkeypatch,
         assert train.main([*run, env, "--overwrite"]) == 2
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("settings", "unused"),
+    [
+        ({"start_state": "refreshed", "burn_in": 4}, "burn_in=4 adds nothing"),
+        (
+            {"start_state": "refreshed", "rollout_steps": 16, "sequence_length": 16},
+            "start_state='refreshed' changes nothing while sequence_length=16 >= rollout_steps",
+        ),
+        (
+            {"burn_in": 4, "rollout_steps": 16, "sequence_length": 32},
+            "burn_in=4 changes nothing while sequence_length=32",
+        ),
+        ({"recurrence": "none", "num_layers": 3}, "num_layers=3 stacks recurrent layers"),
+        ({"normalize_observations": False, "center_observations": True}, "center_observations"),
+        ({"normalize_observations": False, "normalizer_steps": 100}, "normalizer_steps=100"),
+        ({"novelty_steps": 4096}, "novelty_steps=4096"),
+        ({"anneal_lr": False, "anneal_clip": False, "anneal_steps": 4096}, "anneal_steps=4096"),
+        ({"advantage_eps": 0.5}, "advantage_eps=0.5"),
+    ],
+)
+def test_settings_left_unused_are_warned_of(settings, unused, tmp_path, caplog):
+    config = TrainConfig(**settings)
+    assert [line for line in config.unused_settings() if line.startswith(unused)]
+    # the same settings where they act, and the defaults: nothing to say
+    assert TrainConfig().unused_settings() == []
+    assert TrainConfig(novelty_bonus=0.01, novelty_steps=4096).unused_settings() == []
+    assert TrainConfig(burn_in=4, rollout_steps=32, num_workers=32).unused_settings() == []
+    # the trainer logs each line when a run starts
+    from rppo_td.train import Trainer
+
+    runs = {"total_steps": 4096, "eval_episodes": 0, "progress": False}
+    with caplog.at_level("WARNING", logger="rppo_td.train._loop"):
+        Trainer(config.replace(**runs, output=str(tmp_path / "run"))).release()
+    assert any(unused in record.getMessage() for record in caplog.records)
