@@ -437,6 +437,8 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
         finally:
             self._shared_dist = None
+        if isinstance(dist, torch.distributions.Categorical):
+            _check_whole_actions(tensordict, actions)
         if isinstance(log_weight, torch.Tensor) and log_weight.shape != advantage.shape:
             # a log-prob of another form (a composite's) that broadcast against the advantage
             raise _log_prob_shape_error(
@@ -740,6 +742,25 @@ def _check_unmasked(tensordict: TensorDictBase, key: NestedKey) -> None:
                 "steps. Give the loss the padder's mask key (loss_mask_key=, "
                 "set_keys(loss_mask=...))"
             )
+
+
+def _check_whole_actions(tensordict: TensorDictBase, keys: list[NestedKey]) -> None:
+    """Refuses float actions with a fraction for a categorical policy.
+
+    Its ``log_prob`` reads ``1.5`` as action 1, silently. Integer actions (the usual) cost
+    nothing here; the padding holds a real action by now.
+    """
+    for key in keys:
+        action = tensordict.get(key, None)
+        if isinstance(action, torch.Tensor) and action.is_floating_point():
+            fractional = action != action.round()
+            if bool(fractional.any()):
+                value = float(action[fractional].flatten()[0])
+                raise ValueError(
+                    f"{key!r} holds {value}, a fraction, for a categorical policy: its "
+                    "log-probability would be of the action rounded down; store the actions "
+                    "as the indices the policy sampled (int64)"
+                )
 
 
 def _check_per_step(key: NestedKey, x: torch.Tensor, batch: torch.Size) -> None:

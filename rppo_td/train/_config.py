@@ -453,8 +453,7 @@ class TrainConfig:
             (
                 "anneal_steps",
                 not self.anneal_lr and not self.anneal_clip,
-                "sets the horizon of the annealing, which is off (anneal_lr and anneal_clip "
-                "False)",
+                "sets the horizon of the annealing, which is off (anneal_lr and anneal_clip False)",
             ),
             (
                 "advantage_eps",

@@ -813,3 +813,20 @@ def test_value_targets_and_old_values_of_another_shape_are_refused_by_name():
             bad = batch.clone().set(key, torch.randn(shape))
             with pytest.raises(ValueError, match=rf"'{key}' must have shape \[\*batch, 1\]"):
                 loss(bad)
+
+
+def test_fractional_actions_of_a_categorical_policy_are_refused():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    whole = batch.clone().set("action", batch["action"].float())  # 1.0 is action 1: accepted
+    expected = _loss(agent)(batch)
+    torch.testing.assert_close(_loss(agent)(whole)["loss_objective"], expected["loss_objective"])
+    fractional = whole.clone()
+    fractional["action"][0, 0] = 1.5  # read as action 1, silently
+    with pytest.raises(ValueError, match=r"'action' holds 1.5, a fraction, for a categorical"):
+        _loss(agent)(fractional)
+    # a fraction in the padding is replaced before use: not refused
+    padding = whole.clone()
+    row, col = (~batch["loss_mask"]).nonzero()[0].tolist()
+    padding["action"][row, col] = 0.5
+    _loss(agent)(padding)
