@@ -367,10 +367,10 @@ def test_image_envs_reach_the_net_as_observation_either_batching(batching):
     # GymWrapper names one env's uint8 image "pixels": the serial batching failed in the net
     from rppo_td.train._torchrl_collector import make_torchrl_env
 
-    if "rppo_td_test/Image-v0" not in gym.registry:
-        gym.register("rppo_td_test/Image-v0", entry_point=_Image)
+    if "rppo_td_test/StepCountImage-v0" not in gym.registry:
+        gym.register("rppo_td_test/StepCountImage-v0", entry_point=_Image)
     net = RecurrentActorCritic(_Image.observation_space, _Image.action_space, hidden_size=8)
-    env = make_torchrl_env("rppo_td_test/Image-v0", net, num_workers=2, batching=batching)
+    env = make_torchrl_env("rppo_td_test/StepCountImage-v0", net, num_workers=2, batching=batching)
     try:
         td = env.rollout(6, RecurrentActor(net), break_when_any_done=False)
     finally:
