@@ -67,6 +67,26 @@ class RolloutTransform(Transform):
         self.keys = keys
         return self
 
+    def _check_writable(
+        self, tensordict: TensorDictBase, key: NestedKey, shape: tuple[int, ...], dtype: object
+    ) -> None:
+        """Refuses to write ``key`` over a leaf of another kind (lost data, not a rerun).
+
+        A leaf of the same shape and dtype is this transform's own output of an earlier call
+        (run again, it is replaced); anything else is the rollout's own data under a key that
+        ``keys`` pointed at by mistake (``RolloutKeys(episode_id="observation")``).
+        """
+        old = tensordict.get(key, None)
+        if old is None:
+            return
+        if not hasattr(old, "shape") or tuple(old.shape) != shape or old.dtype != dtype:
+            kind = f"{old.dtype} {list(old.shape)}" if hasattr(old, "shape") else "a tensordict"
+            raise ValueError(
+                f"{type(self).__name__} writes {key!r} ({dtype} {list(shape)}), but the "
+                f"rollout already holds {kind} there: it would be overwritten. Give the "
+                "output another key (RolloutKeys, set_keys)"
+            )
+
     def _repr_args(self) -> str:
         return ""
 

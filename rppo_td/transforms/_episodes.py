@@ -124,6 +124,7 @@ class EpisodeSplitter(RolloutTransform):
         check_not_split_trajs(tensordict, "EpisodeSplitter")
         done, is_init = read_done(tensordict, keys, shape, "EpisodeSplitter")
         starts = episode_starts(done, is_init)
+        self._check_writable(tensordict, keys.episode_id, tuple(shape), torch.int64)
         tensordict.set(keys.episode_id, episode_ids_unchecked(starts))
         return tensordict
 
@@ -174,6 +175,8 @@ class SequenceChunker(RolloutTransform):
         start = torch.ones(shape, dtype=torch.bool, device=episode.device)
         start[:, 1:] = episode[:, 1:] != episode[:, :-1]
         # start[:, 0] is True by construction: no check (and no device sync) needed
+        for key in (self.keys.sequence_id, self.keys.sequence_offset):
+            self._check_writable(tensordict, key, tuple(shape), torch.int64)
         sequence_id, offset = chunk_episodes_unchecked(start, self.sequence_length)
         tensordict.set(self.keys.sequence_id, sequence_id)
         tensordict.set(self.keys.sequence_offset, offset)

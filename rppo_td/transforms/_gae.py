@@ -141,6 +141,8 @@ class GAE(RolloutTransform):
         advantage, target = gae_unchecked(
             reward, value, next_value, terminated, ends, gamma=self.gamma, lmbda=self.lmbda
         )
+        for key in (keys.advantage, keys.value_target):
+            self._check_writable(tensordict, key, tuple(advantage.shape), advantage.dtype)
         tensordict.set(keys.advantage, advantage)
         tensordict.set(keys.value_target, target)
         return tensordict

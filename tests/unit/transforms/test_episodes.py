@@ -150,3 +150,26 @@ def test_split_trajs_output_is_refused_by_the_key_alone():
         name = type(transform).__name__
         with pytest.raises(ValueError, match=rf"{name} got trajectories padded by TorchRL"):
             transform(td.clone())
+
+
+def test_an_output_key_on_the_rollouts_own_data_is_refused():
+    # RolloutKeys(episode_id="observation") overwrote the observations, silently
+    from rppo_td import GAE
+
+    td = small_rollout()
+    td["observation"] = torch.randn(*td.batch_size, 3)
+    observation = td["observation"].clone()
+    keys = RolloutKeys(episode_id="observation")
+    with pytest.raises(ValueError, match=r"EpisodeSplitter writes 'observation'.*overwritten"):
+        EpisodeSplitter(keys=keys)(td)
+    assert torch.equal(td["observation"], observation)
+    split = EpisodeSplitter()(td)
+    with pytest.raises(ValueError, match=r"SequenceChunker writes 'observation'"):
+        SequenceChunker(sequence_length=2, keys=RolloutKeys(sequence_offset="observation"))(split)
+    with pytest.raises(ValueError, match=r"GAE writes 'observation'"):
+        GAE(gamma=0.9, lmbda=0.9, keys=RolloutKeys(value_target="observation"))(td)
+    assert torch.equal(td["observation"], observation)
+    # run again over its own outputs: replaced, as before
+    again = SequenceChunker(sequence_length=2)(EpisodeSplitter()(split))
+    assert torch.equal(again["episode_id"], split["episode_id"])
+    GAE(gamma=0.9, lmbda=0.9)(GAE(gamma=0.9, lmbda=0.9)(td))
