@@ -323,6 +323,11 @@ class TrainConfig:
                 setattr(self, f.name, value.item())
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()
+        hints = field_hints()
+        for f in dataclasses.fields(self):  # learning_rate: 1 is 1.0 in summary.json
+            value = getattr(self, f.name)
+            if hints[f.name] is float and type(value) is int:
+                setattr(self, f.name, float(value))
         self.validate()
 
     def validate(self) -> None:

@@ -291,6 +291,12 @@ def prepare_run_directory(
             holds a run while neither ``resuming`` nor ``overwrite``.
     """
     where = repr(str(directory))
+    taken = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    if taken is not None and not taken.is_dir():  # mkdir's "File exists" named no file
+        raise ValueError(
+            f"output directory {where} cannot be created: {str(taken)!r} is a file, not a "
+            "directory; give --output another path"
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):

@@ -627,6 +627,16 @@ def test_rppo_train_refuses_an_image_layout_on_an_env_without_images(tmp_path, c
     assert not out.exists()
 
 
+def test_an_output_path_through_a_file_is_refused_naming_the_file(tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("not a run")
+    for out in (taken, taken / "run"):
+        assert main(["--total-steps", "1024", "--output", str(out), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"{str(taken)!r} is a file, not a directory" in err  # it said "File exists"
+    assert taken.read_text() == "not a run"
+
+
 def test_rppo_eval_stochastic_is_seeded(tmp_path, capsys):
     trainer, config = _run(tmp_path, eval_episodes=1)
     trainer.run()

@@ -396,3 +396,11 @@ def test_settings_left_unused_are_warned_of(settings, unused, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="rppo_td.train._loop"):
         Trainer(config.replace(**runs, output=str(tmp_path / "run"))).release()
     assert any(unused in record.getMessage() for record in caplog.records)
+
+
+def test_whole_numbers_for_float_settings_are_floats():
+    # learning_rate: 1 in a config file was written to summary.json as the int 1
+    config = TrainConfig(learning_rate=1, gamma=1, target_kl=0)
+    assert type(config.learning_rate) is float and config.learning_rate == 1.0
+    assert type(config.gamma) is float and type(config.target_kl) is float
+    assert type(config.num_workers) is int  # int settings stay ints
