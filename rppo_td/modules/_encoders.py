@@ -70,6 +70,8 @@ class _ImageEncoder(nn.Module):
         self.plain = bool((low == 0).all() and (high == 255).all())  # x / 255, as before
         if not self.plain:  # from the space, so not in the state dict (old checkpoints load)
             span = np.where(high > low, high - low, 1.0)
+            if self.grayscale:  # [H, W, 1], as forward adds the channel
+                low, span = low[..., None], span[..., None]
             self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), False)
             self.register_buffer("span", torch.as_tensor(span, dtype=torch.float32), False)
 
@@ -80,10 +82,7 @@ class _ImageEncoder(nn.Module):
         if self.plain:
             x = x.reshape(-1, *x.shape[-3:]).float() / 255.0
         else:
-            low, span = self.low, self.span
-            if self.grayscale:
-                low, span = low.unsqueeze(-1), span.unsqueeze(-1)
-            x = ((x.float() - low) / span).reshape(-1, *x.shape[-3:])
+            x = ((x.float() - self.low) / self.span).reshape(-1, *x.shape[-3:])
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
         return torch.relu(self.linear(self.conv(x))).reshape(*batch, -1)

@@ -316,18 +316,18 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # numpy scalars (a sweep over np.arange, a value read from an array) as Python's
-        # own, so that they pass the checks and are written to YAML and JSON as numbers
+        # own, so that they pass the checks and are written to YAML and JSON as numbers; a
+        # whole number for a float setting as a float (learning_rate: 1 is 1.0 in summary.json)
+        hints = field_hints()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, numpy.generic):
-                setattr(self, f.name, value.item())
+                value = value.item()
+            if hints[f.name] is float and type(value) is int:
+                value = float(value)
+            setattr(self, f.name, value)
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()
-        hints = field_hints()
-        for f in dataclasses.fields(self):  # learning_rate: 1 is 1.0 in summary.json
-            value = getattr(self, f.name)
-            if hints[f.name] is float and type(value) is int:
-                setattr(self, f.name, float(value))
         self.validate()
 
     def validate(self) -> None:
