@@ -4,8 +4,12 @@ Hypothesis profiles (chosen by the ``HYPOTHESIS_PROFILE`` environment variable, 
 so the README's test command and ``.ci/run`` run the same thing):
 
 - ``ci``: at least 200 examples per property, no deadline (CI machines are noisy), failing
-  examples printed with a reproduction blob. The whole suite takes about two minutes on 2 cores.
+  examples printed with a reproduction blob.
 - ``dev``: few examples, quick local runs (``HYPOTHESIS_PROFILE=dev python -m pytest``).
+
+The suite runs on every core through pytest-xdist (``-n auto`` in ``pyproject.toml``): about
+8 minutes on 2 cores, against about 12.5 in one process (``-n 0``, also the way to run a
+single test without starting workers).
 """
 
 from __future__ import annotations
