@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import fields, replace
+from typing import Any
 
 from tensordict import NestedKey, TensorDictBase
+from tensordict.utils import unravel_key
 from torchrl.envs.transforms import Transform
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
@@ -22,8 +24,9 @@ class RolloutTransform(Transform):
 
     ``in_keys`` are the keys a transform reads (optional ones, read only when present, are
     listed too, and named so in each subclass's docstring) and ``out_keys`` the keys it writes;
-    both follow ``keys`` and are recomputed by ``set_keys``. Subclasses say which fields they
-    read and write in ``_in_fields`` and ``_out_fields``.
+    both follow ``keys`` and are recomputed by ``set_keys``. Assigning other keys to them is
+    refused (the transform would go on reading and writing its ``keys``). Subclasses say which
+    fields they read and write in ``_in_fields`` and ``_out_fields``.
     """
 
     _in_fields: tuple[str, ...] = ()
@@ -33,9 +36,70 @@ class RolloutTransform(Transform):
         if keys is not None and not isinstance(keys, RolloutKeys):
             raise TypeError(f"keys must be a RolloutKeys, got {type(keys).__name__}")
         keys = keys if keys is not None else DEFAULT_KEYS
-        super().__init__(in_keys=self._keys_of(keys, self._in_fields), out_keys=[])
-        self.out_keys = self._keys_of(keys, self._out_fields)
+        super().__init__(in_keys=[], out_keys=[])
+        self._list_keys(self._keys_of(keys, self._in_fields), self._keys_of(keys, self._out_fields))
         self.keys = keys
+
+    @property
+    def in_keys(self) -> list[NestedKey]:
+        """The keys this transform reads; they follow ``keys`` (see ``set_keys``)."""
+        return Transform.in_keys.fget(self)  # type: ignore[attr-defined]
+
+    @in_keys.setter
+    def in_keys(self, value: Any) -> None:
+        self._assign_listed("in_keys", value)
+
+    @property
+    def out_keys(self) -> list[NestedKey]:
+        """The keys this transform writes; they follow ``keys`` (see ``set_keys``)."""
+        return Transform.out_keys.fget(self)  # type: ignore[attr-defined]
+
+    @out_keys.setter
+    def out_keys(self, value: Any) -> None:
+        self._assign_listed("out_keys", value)
+
+    def _list_keys(self, in_keys: list[NestedKey], out_keys: list[NestedKey]) -> None:
+        """Sets ``in_keys`` and ``out_keys`` (the transform's own bookkeeping)."""
+        Transform.in_keys.fset(self, in_keys)  # type: ignore[attr-defined]
+        Transform.out_keys.fset(self, out_keys)  # type: ignore[attr-defined]
+
+    def _assign_listed(self, name: str, value: Any) -> None:
+        """``transform.in_keys = [...]`` from outside: the same keys pass, others are refused.
+
+        The keys a transform reads and writes are its ``keys``; a list assigned here would
+        describe keys it never touches, while it went on with its own.
+        """
+        listed = getattr(Transform, name)
+        if f"_{name}" not in self.__dict__:  # Transform.__init__ listing them the first time
+            listed.fset(self, value)
+            return
+        given = [value] if isinstance(value, str | tuple) else list(value or [])
+        given = [unravel_key(key) for key in given]
+        current = list(listed.fget(self))
+        if given == current:
+            return
+        raise ValueError(
+            f"{type(self).__name__}.{name} lists the keys it "
+            f"{'reads' if name == 'in_keys' else 'writes'}, {current}; assigning {given} "
+            f"would not change them: {self._rename_hint()}"
+        )
+
+    def _rename_hint(self) -> str:
+        fields = [name for name in _FIELDS if name in {*self._in_fields, *self._out_fields}]
+        return (
+            f"rename them with set_keys(name=key), name one of {fields} (or build it with "
+            "keys=RolloutKeys(...))"
+        )
+
+    def _check_unlocked(self, tensordict: TensorDictBase) -> None:
+        """Refuses a locked rollout before any work: this transform adds keys to its input."""
+        if tensordict.is_locked:
+            raise RuntimeError(
+                f"{type(self).__name__} writes {self.out_keys} into the rollout, but the "
+                "rollout is locked (memory-mapped, shared-memory and lock_()ed tensordicts "
+                "are): pass an unlocked shallow copy, rollout.clone(recurse=False), which "
+                "shares the data and takes the new keys"
+            )
 
     @staticmethod
     def _keys_of(keys: RolloutKeys, names: tuple[str, ...]) -> list[NestedKey]:
@@ -62,8 +126,7 @@ class RolloutTransform(Transform):
                 f"accepted names are the RolloutKeys fields {list(_FIELDS)}"
             )
         keys = replace(self.keys, **kwargs)
-        self.in_keys = self._keys_of(keys, self._in_fields)
-        self.out_keys = self._keys_of(keys, self._out_fields)
+        self._list_keys(self._keys_of(keys, self._in_fields), self._keys_of(keys, self._out_fields))
         self.keys = keys
         return self
 
@@ -97,11 +160,23 @@ class RolloutTransform(Transform):
             f"out_keys={self.out_keys})"
         )
 
-    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
-        raise RuntimeError(
+    def _refuse_env(self) -> RuntimeError:
+        return RuntimeError(
             f"{type(self).__name__} works on whole [W, T] rollouts; apply it to collected "
-            "data (or as a ReplayBuffer transform), not inside a TransformedEnv"
+            "data, or as a ReplayBuffer transform that runs on sample() (append_transform "
+            "without invert=True), not inside a TransformedEnv"
         )
+
+    def _call(self, next_tensordict: TensorDictBase) -> TensorDictBase:
+        raise self._refuse_env()
+
+    # a TransformedEnv asks for its transforms' specs before it steps (check_env_specs, a
+    # collector's set-up): refused there too, before TorchRL's "unaccounted for" KeyError
+    def transform_output_spec(self, output_spec: Any) -> Any:
+        raise self._refuse_env()
+
+    def transform_input_spec(self, input_spec: Any) -> Any:
+        raise self._refuse_env()
 
     def _reset(
         self, tensordict: TensorDictBase, tensordict_reset: TensorDictBase

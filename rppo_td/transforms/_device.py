@@ -49,7 +49,8 @@ class DeviceMover(RolloutTransform):
             raise ValueError(f"device {device!r} is not a torch device: {error}") from None
         _check_available(self.device)
         self.move_keys = None if keys is None else check_key_list("keys", keys)
-        self.in_keys = self.out_keys = [] if self.move_keys is None else list(self.move_keys)
+        moved = [] if self.move_keys is None else list(self.move_keys)
+        self._list_keys(moved, list(moved))
 
     def set_keys(self, **kwargs: NestedKey) -> DeviceMover:
         """Refused: DeviceMover reads no ``RolloutKeys``; it moves the ``keys`` it was given.
@@ -64,6 +65,9 @@ class DeviceMover(RolloutTransform):
                 "DeviceMover(device, keys=[...]) to move others"
             )
         return self
+
+    def _rename_hint(self) -> str:
+        return "build DeviceMover(device, keys=[...]) to move other keys"
 
     def _fast_path(self, source: torch.device | None) -> bool:
         return self.device.type == "cuda" and (source is None or source.type == "cpu")

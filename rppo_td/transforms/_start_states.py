@@ -186,8 +186,7 @@ class SequenceStartStates(RolloutTransform):
     def _list_module_keys(self) -> None:
         """Lists the modules' inputs and state keys in ``in_keys``, the states in ``out_keys``."""
         read = [key for key in self._input_keys() if key not in self.in_keys]
-        self.in_keys = [*self.in_keys, *read, *self.state_keys]
-        self.out_keys = list(self.state_keys)
+        self._list_keys([*self.in_keys, *read, *self.state_keys], list(self.state_keys))
 
     def set_keys(self, **kwargs: NestedKey) -> SequenceStartStates:
         """``RolloutTransform.set_keys``; the modules' own keys stay listed."""
