@@ -185,27 +185,50 @@ class SequenceReplaySampler(Sampler):
         self._next = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The position in the current epoch."""
-        return {"plan": [g.clone() for g in self._plan], "next": self._next}
+        """The position in the current epoch, and the state of the sampler's own generator.
+
+        With the generator's state, a buffer restored mid-run draws the same later epochs as
+        the run it was saved from (TorchRL's buffer saves its own generator likewise).
+        """
+        state: dict[str, Any] = {"plan": [g.clone() for g in self._plan], "next": self._next}
+        if self.generator is not None:
+            state["generator"] = self.generator.get_state()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores ``state_dict()``'s output."""
         # copies: the caller's tensors stay theirs (state_dict() returns copies too)
-        self._plan = [torch.as_tensor(g, dtype=torch.int64).clone() for g in state_dict["plan"]]
-        self._next = int(state_dict["next"])
+        plan = [torch.as_tensor(g, dtype=torch.int64).clone() for g in state_dict["plan"]]
+        self._set_generator_state(state_dict.get("generator"))
+        self._plan, self._next = plan, int(state_dict["next"])
 
     def dumps(self, path: str | Path) -> None:
-        """Writes the epoch position to ``path/sampler_metadata.json``."""
+        """Writes the epoch position (and generator state) to ``path/sampler_metadata.json``."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        meta = {"plan": [g.tolist() for g in self._plan], "next": self._next}
+        meta: dict[str, Any] = {"plan": [g.tolist() for g in self._plan], "next": self._next}
+        if self.generator is not None:
+            meta["generator"] = self.generator.get_state().tolist()
         (path / "sampler_metadata.json").write_text(json.dumps(meta))
 
     def loads(self, path: str | Path) -> None:
         """Reads what ``dumps`` wrote."""
         meta = json.loads((Path(path) / "sampler_metadata.json").read_text())
+        saved = meta.get("generator")
+        self._set_generator_state(None if saved is None else torch.tensor(saved, dtype=torch.uint8))
         self._plan = [torch.tensor(g, dtype=torch.int64) for g in meta["plan"]]
         self._next = int(meta["next"])
+
+    def _set_generator_state(self, state: torch.Tensor | None) -> None:
+        if state is None:  # saved by a sampler drawing from the buffer's or torch's generator
+            return
+        if self.generator is None:
+            raise ValueError(
+                "SequenceReplaySampler: the saved state holds the state of the sampler's own "
+                "generator, but this sampler has generator=None: its later epochs would be "
+                "drawn from another generator; build it with generator=torch.Generator()"
+            )
+        self.generator.set_state(torch.as_tensor(state, dtype=torch.uint8))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -40,7 +40,7 @@ def test_epochs_and_state_dict_round_trip(tmp_path):
     sampler.load_state_dict(state)
     assert not sampler.ran_out
     assert buffer.sample(1)["uid"][:, 0].tolist() == second
-    fresh = SequenceReplaySampler(2)
+    fresh = SequenceReplaySampler(2, generator=torch.Generator())
     fresh.loads(tmp_path)
     assert fresh.state_dict()["next"] == 1
     assert [g.tolist() for g in fresh.state_dict()["plan"]] == [g.tolist() for g in state["plan"]]
@@ -48,6 +48,37 @@ def test_epochs_and_state_dict_round_trip(tmp_path):
     buffer.sample(1)
     assert not sampler.ran_out
     assert repr(sampler) == "SequenceReplaySampler(num_minibatches=2, balance='steps')"
+
+
+def _order(buffer, n):
+    return [buffer.sample(1)["uid"][:, 0].tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("how", ["state_dict", "dumps"])
+def test_a_restored_sampler_draws_the_later_epochs_of_the_run_it_was_saved_from(tmp_path, how):
+    # before: only the plan and position were saved, so every epoch after the current one
+    # came from the new sampler's generator, not the saved one's
+    def make():
+        return SequenceReplaySampler(2, generator=torch.Generator().manual_seed(0))
+
+    sampler = make()
+    buffer = _buffer(sampler)
+    _order(buffer, 3)  # one epoch and a half
+    if how == "state_dict":
+        state = buffer.state_dict()
+    else:
+        buffer.dumps(tmp_path)
+    later = _order(buffer, 6)
+    restored = _buffer(make())
+    _order(restored, 5)  # another generator state and position, replaced below
+    if how == "state_dict":
+        restored.load_state_dict(state)
+    else:
+        restored.loads(tmp_path)
+    assert _order(restored, 6) == later
+    # a sampler without a generator of its own cannot take that state
+    with pytest.raises(ValueError, match="has generator=None"):
+        SequenceReplaySampler(2).load_state_dict(sampler.state_dict())
 
 
 def test_balance_by_sequences():
