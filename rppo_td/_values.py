@@ -70,6 +70,7 @@ def network_values(
     in_keys = list(getattr(network, "in_keys", []))
     following_td = _sub_tensordict(tensordict, "next", who)
     _check_state_dtypes(network, [tensordict, following_td] if current else [following_td], who)
+    _check_is_init(network, tensordict, who)
     if in_keys:
         _check_inputs(in_keys, tensordict, following_td, is_init_key, who, current=current)
         root = tensordict.select(*in_keys, strict=False)
@@ -140,6 +141,23 @@ def _check_inputs(
                 f"rollout has no {path!r}: keep it in the rollout. (A collector stores the "
                 "recurrent states at the root and under 'next'; a recurrent module would take "
                 "a missing state as zero and every value after it would be wrong, silently.)"
+            )
+
+
+def _check_is_init(network: object, tensordict: TensorDictBase, who: str) -> None:
+    """Refuses a rollout without the ``is_init`` a TorchRL recurrent module reads.
+
+    ``LSTMModule``/``GRUModule`` read it in and out of recurrent mode; without it they fail
+    inside TorchRL with a bare ``KeyError``. (Under ``"next"`` it is derived from the root's.)
+    """
+    if not isinstance(network, nn.Module):
+        return
+    for module, _, _, is_init in torchrl_cores(network):
+        if tensordict.get(is_init, None) is None:
+            raise MissingKeyError(
+                f"{who}: the value network's {type(module).__name__} reads {is_init!r} (where "
+                "episodes start, [*B, T, 1] bool), which the rollout lacks: append TorchRL's "
+                "InitTracker() to the env, and its collector stores it"
             )
 
 

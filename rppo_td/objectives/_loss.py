@@ -13,6 +13,7 @@ from typing import Any, TypeGuard
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import CompositeDistribution, dispatch
+from torch import nn
 from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions.utils import has_analytic_entropy
 from torchrl.objectives import ClipPPOLoss, PPOLoss
@@ -525,20 +526,25 @@ class RecurrentPPOLoss(ClipPPOLoss):
         """
         if self._recurrent is None:  # found once: walking the networks costs 60 us a call
             self._recurrent = tuple(
-                (role, *core)
+                (role, module, _weight_path(network, weight), weight, states, is_init)
                 for role, network in (
                     ("actor", self.actor_network),
                     ("critic", self.critic_network),
                 )
                 if network is not None
-                for core in torchrl_cores(network)
+                for module, weight, states, is_init in torchrl_cores(network)
             )
-        for role, module, weight, states, is_init in self._recurrent:
+        for role, module, path, weight, states, is_init in self._recurrent:
             self._check_present(tensordict, role, module, [*states, is_init], is_init)
+            # the weights the loss runs with: its parameters, which a deep copy or .double()
+            # of the loss moves apart from the module's own tensors
+            params = getattr(self, f"{role}_network_params", None)
+            used = params.get(path, None) if params is not None and path else None
+            used = used if isinstance(used, torch.Tensor) else weight
             for key in states:
                 state = get_key(tensordict, key)
-                if state.dtype != weight.dtype:
-                    raise state_dtype_error("RecurrentPPOLoss", key, state, role, module, weight)
+                if state.dtype != used.dtype:
+                    raise state_dtype_error("RecurrentPPOLoss", key, state, role, module, used)
         # rppo_td's modules (and any with follows_recurrent_mode): in step mode a missing
         # state is a zero one, which in a minibatch would run every sequence from zero
         for role, network in (("actor", self.actor_network), ("critic", self.critic_network)):
@@ -973,3 +979,11 @@ def _group_stats(
         eps = torch.finfo(critic.target.dtype).eps
         stats["explained_variance"] = (1.0 - residual_var / (target_var + eps)).to(dtype)
     return stats
+
+
+def _weight_path(network: nn.Module, weight: torch.Tensor) -> tuple[str, ...] | None:
+    """The key of ``weight`` in ``network``'s parameters, as TorchRL's loss parameters key it."""
+    for name, param in network.named_parameters():
+        if param is weight:
+            return tuple(name.split("."))
+    return None

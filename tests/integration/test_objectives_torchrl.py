@@ -142,3 +142,13 @@ def test_missing_or_mistyped_recurrent_inputs_are_refused_by_name(collected):
     bad = padded.clone().set("recurrent_state_c", padded["recurrent_state_c"].double())
     with pytest.raises(ValueError, match=r"'recurrent_state_c' is torch.float64, but the actor's"):
         loss(bad)
+    # the check reads the weights the loss runs with: a deep copy of the loss cast with
+    # .double() holds float64 parameters apart from its modules' own float32 tensors (the
+    # check said "float32 weights" of float64 data, then let float32 data fail inside torch)
+    doubled = copy.deepcopy(loss).double()
+    data = padded.apply(lambda x: x.double() if x.is_floating_point() else x)
+    assert doubled(data)["loss_objective"].dtype == torch.float64
+    with pytest.raises(
+        ValueError, match=r"is torch.float32, but the actor's LSTMModule has torch.float64"
+    ):
+        doubled(padded)
