@@ -229,7 +229,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self.normalize_advantage_eps = float(normalize_advantage_eps)
         self.process_group = process_group
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
-        self._recurrent: tuple[tuple[str, Any, torch.Tensor, list, Any], ...] | None = None
+        self._recurrent: tuple[tuple[str, Any, Any, torch.Tensor, list, Any], ...] | None = None
         # False: the trunk runs once per network whatever the networks say (what
         # benchmarks/learn_phase.py compares with); None: as _shares_trunk finds
         self._trunk_shared: bool | None = None
