@@ -117,6 +117,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         self.coef = coef
         self._carry: NoveltyCarry | None = None
         self._open: torch.Tensor | None = None  # [W] bool, the last step was not done
+        self._signature: list[str] | None = None  # the carried observations' dtypes, shapes
 
     @property
     def coef(self) -> float:
@@ -154,6 +155,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         """Forgets the open episodes: the next rollout starts every episode fresh."""
         self._carry = None
         self._open = None
+        self._signature = None
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
@@ -174,6 +176,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         done, is_init = read_done(tensordict, keys, shape, who)
         words: list[torch.Tensor] = []
         next_words: list[torch.Tensor] = []
+        signature: list[str] = []  # each observation leaf's dtype and shape, for the carry
         for key, next_key in self._observation_pairs():
             pair = []
             for k in (key, next_key):
@@ -191,6 +194,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
                     f"compared byte for byte), got {list(pair[0].shape)} {pair[0].dtype} and "
                     f"{list(pair[1].shape)} {pair[1].dtype}"
                 )
+            signature.append(f"{key!r}: {pair[0].dtype} {list(pair[0].shape[2:])}")
             words.append(observation_words(pair[0]))
             next_words.append(observation_words(pair[1]))
         observation = torch.cat(words, -1)
@@ -198,12 +202,19 @@ class EpisodicNoveltyBonus(RolloutTransform):
         carry = self._carry
         if carry is not None:
             assert self._open is not None
-            if self._open.shape[0] != shape[0] or carry.rows.shape[1] != observation.shape[2]:
+            # bytes padded to whole words compare equal across sizes (a float32 [1] and [2],
+            # or [2] and a float64 [1]): the carried leaves' dtypes and shapes must match too
+            carried = self._signature if self._signature is not None else signature
+            if (
+                self._open.shape[0] != shape[0]
+                or carry.rows.shape[1] != observation.shape[2]
+                or carried != signature
+            ):
                 raise ValueError(
                     f"{who} carries the open episodes of {self._open.shape[0]} workers with "
-                    f"observations of {carry.rows.shape[1] * 8} bytes, but got a rollout of "
-                    f"{shape[0]} workers with {observation.shape[2] * 8}: call reset() when the "
-                    "envs change"
+                    f"observations {', '.join(carried)} ({carry.rows.shape[1] * 8} bytes), but "
+                    f"got a rollout of {shape[0]} workers with {', '.join(signature)} "
+                    f"({observation.shape[2] * 8} bytes): call reset() when the envs change"
                 )
             if self._open.device != reward.device:
                 carry = NoveltyCarry(*(x.to(reward.device) for x in carry))
@@ -215,7 +226,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
                 start[:, 0] |= is_init[:, 0]
         novel, carry = episodic_novelty(observation, next_observation, start, carry)
         if shape[1]:
-            self._carry, self._open = carry, ~done[:, -1]
+            self._carry, self._open, self._signature = carry, ~done[:, -1], signature
         novel = novel.unsqueeze(-1)
         tensordict.set(self.novel_key, novel)
         if self.coef:
@@ -226,7 +237,12 @@ class EpisodicNoveltyBonus(RolloutTransform):
         """The open episodes' observations (``state_dict``'s ``_extra_state``)."""
         if self._carry is None:
             return {}
-        return {"rows": self._carry.rows, "worker": self._carry.worker, "open": self._open}
+        return {
+            "rows": self._carry.rows,
+            "worker": self._carry.worker,
+            "open": self._open,
+            "signature": self._signature,
+        }
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         """Restores ``get_extra_state``'s output (an empty dict: nothing carried)."""
@@ -235,3 +251,4 @@ class EpisodicNoveltyBonus(RolloutTransform):
             return
         self._carry = NoveltyCarry(state["rows"], state["worker"])
         self._open = state["open"]
+        self._signature = state.get("signature")  # absent from states saved before it

@@ -214,6 +214,40 @@ def _rollout(workers=2, steps=3, reward_dtype=torch.float32):
     )
 
 
+def test_observations_of_another_size_in_the_same_words_are_refused():
+    # before: carried rows compare as 8-byte words, so a float32 [1] observation carried into
+    # a rollout of float32 [2] ones (or float64 [1]) was accepted, and [1.0, 0.0] matched the
+    # zero-padded carried [1.0]: a step never seen was not novel
+    def rollout(obs, next_obs):
+        return TensorDict(
+            {
+                "observation": obs,
+                "next": {
+                    "observation": next_obs,
+                    "reward": torch.zeros(1, 1, 1),
+                    "done": torch.zeros(1, 1, 1, dtype=torch.bool),
+                },
+            },
+            batch_size=[1, 1],
+        )
+
+    first = rollout(torch.tensor([[[0.0]]]), torch.tensor([[[1.0]]]))
+    for later in (
+        rollout(torch.tensor([[[2.0, 2.0]]]), torch.tensor([[[1.0, 0.0]]])),
+        rollout(torch.tensor([[[2.0]]], dtype=torch.float64), torch.ones(1, 1, 1).double()),
+    ):
+        bonus = EpisodicNoveltyBonus(0.1)
+        bonus(first.clone())
+        with pytest.raises(ValueError, match=r"torch.float32 \[1\] \(8 bytes\), but got"):
+            bonus(later.clone())
+        restored = EpisodicNoveltyBonus(0.1)
+        restored.load_state_dict(bonus.state_dict())  # the carry's description goes with it
+        with pytest.raises(ValueError, match="call reset"):
+            restored(later.clone())
+        bonus.reset()
+        assert bool(bonus(later.clone())["next", "novel"].all())
+
+
 def test_refusals_name_the_key_or_setting():
     bonus = EpisodicNoveltyBonus(0.1)
     td = bonus(_rollout())
