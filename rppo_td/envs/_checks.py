@@ -27,6 +27,8 @@ _REAL_TYPES = frozenset({float, int, np.float64, np.float32, np.int64, np.int32}
 _BOOL_TYPES = frozenset({bool, np.bool_})
 _INT_TYPES = frozenset({int, np.int64, np.int32})
 _isfinite = math.isfinite
+# rewards are stored as float32: a larger one (a float64 1e39) would be stored as inf
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _ARRAY_SPACES = (
     gym.spaces.Box,
     gym.spaces.Discrete,
@@ -274,7 +276,7 @@ class EnvChecker(gym.Wrapper):
             and type(terminated) in _BOOL_TYPES
             and type(truncated) in _BOOL_TYPES
             and type(info) is dict
-            and _isfinite(reward)
+            and -_FLOAT32_MAX <= reward <= _FLOAT32_MAX  # finite, and so once stored
         ):
             result = self._step_slow(result)
         if terminated or truncated:
@@ -308,6 +310,12 @@ class EnvChecker(gym.Wrapper):
                 raise self._error(f"in step(), {problem}")
         if not _isfinite(reward):
             raise self._error(f"in step(), reward is {reward!r}, expected a finite number")
+        if abs(reward) > _FLOAT32_MAX:
+            raise self._error(
+                f"in step(), reward is {reward!r}, beyond float32's range (magnitude at most "
+                f"{_FLOAT32_MAX:.4g}), the dtype rollouts store rewards in: it would be inf; "
+                "scale the env's rewards down"
+            )
         return obs, float(reward), bool(terminated), bool(truncated), info
 
     def _check_observation(self, obs: Any, where: str) -> None:

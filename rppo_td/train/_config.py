@@ -441,6 +441,18 @@ class TrainConfig:
                 "stacks recurrent layers, and recurrence='none' has none",
             ),
             (
+                "encoder_skip",
+                self.recurrence == "none",
+                "feeds the heads the encoder's features beside the core's output, and "
+                "recurrence='none' has no core: the heads read those features already",
+            ),
+            (
+                "target_kl",
+                self.epochs == 1,
+                "stops an update after an epoch whose KL is above it, and epochs=1 runs one "
+                "epoch: there is none left to stop",
+            ),
+            (
                 "center_observations",
                 not self.normalize_observations,
                 "shapes the observation normaliser, which is off (normalize_observations=False)",

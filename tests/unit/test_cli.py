@@ -380,6 +380,8 @@ def test_an_env_of_ones_own_that_cannot_be_built_is_a_setting_error(monkeypatch,
         ({"novelty_steps": 4096}, "novelty_steps=4096"),
         ({"anneal_lr": False, "anneal_clip": False, "anneal_steps": 4096}, "anneal_steps=4096"),
         ({"advantage_eps": 0.5}, "advantage_eps=0.5"),
+        ({"recurrence": "none", "encoder_skip": True}, "encoder_skip=True feeds the heads"),
+        ({"epochs": 1, "target_kl": 0.02}, "target_kl=0.02 stops an update"),
     ],
 )
 def test_settings_left_unused_are_warned_of(settings, unused, tmp_path, caplog):
@@ -389,6 +391,7 @@ def test_settings_left_unused_are_warned_of(settings, unused, tmp_path, caplog):
     assert TrainConfig().unused_settings() == []
     assert TrainConfig(novelty_bonus=0.01, novelty_steps=4096).unused_settings() == []
     assert TrainConfig(burn_in=4, rollout_steps=32, num_workers=32).unused_settings() == []
+    assert TrainConfig(encoder_skip=True, epochs=2, target_kl=0.02).unused_settings() == []
     # the trainer logs each line when a run starts
     from rppo_td.train import Trainer
 

@@ -77,6 +77,8 @@ class FaultyEnv(gym.Env):
             reward = np.array([1.0, 2.0])
         elif fault == "size1_reward":
             reward = np.array([1.0])
+        elif fault == "huge_reward":  # a float64 beyond float32: stored, it would be inf
+            reward = -1e39
         elif fault == "nan_reward":
             reward = float("nan")
         elif fault == "none_terminated":
@@ -121,6 +123,7 @@ FAULTS = {
     "array_reward": "reward is an array of shape (2,) and dtype float64, expected a scalar",
     "size1_reward": "reward is an array of shape (1,)",
     "nan_reward": "reward is nan, expected a finite number",
+    "huge_reward": "reward is -1e+39, beyond float32's range",
     "none_terminated": "terminated is None, expected a bool",
     "string_truncated": "truncated is 'no' (str), expected a bool",
     "array_terminated": "terminated is an array of shape (2,) and dtype bool, expected a bool",
