@@ -29,6 +29,11 @@ _INT_TYPES = frozenset({int, np.int64, np.int32})
 _isfinite = math.isfinite
 # rewards are stored as float32: a larger one (a float64 1e39) would be stored as inf
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _storable(reward: Any) -> bool:
+    """A real reward that stays finite as float32 (False for NaN and inf too)."""
+    return bool(-_FLOAT32_MAX <= reward <= _FLOAT32_MAX)
 _ARRAY_SPACES = (
     gym.spaces.Box,
     gym.spaces.Discrete,
@@ -276,7 +281,7 @@ class EnvChecker(gym.Wrapper):
             and type(terminated) in _BOOL_TYPES
             and type(truncated) in _BOOL_TYPES
             and type(info) is dict
-            and -_FLOAT32_MAX <= reward <= _FLOAT32_MAX  # finite, and so once stored
+            and _storable(reward)
         ):
             result = self._step_slow(result)
         if terminated or truncated:
