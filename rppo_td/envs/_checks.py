@@ -34,6 +34,8 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 def _storable(reward: Any) -> bool:
     """A real reward that stays finite as float32 (False for NaN and inf too)."""
     return bool(-_FLOAT32_MAX <= reward <= _FLOAT32_MAX)
+
+
 _ARRAY_SPACES = (
     gym.spaces.Box,
     gym.spaces.Discrete,

@@ -808,6 +808,15 @@ def _check_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r} is not a torch device ({err})") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available here")
+    if device.type == "meta":
+        raise ValueError(f"device {name!r} holds no data, so nothing can train on it")
+    try:  # a type this torch build has no backend for (mps, xla on Linux), a missing index
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as err:
+        first = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else ""
+        raise ValueError(
+            f"device {name!r} cannot be used by this torch build here ({first})"
+        ) from None
     return device
 
 

@@ -407,3 +407,25 @@ def test_whole_numbers_for_float_settings_are_floats():
     assert type(config.learning_rate) is float and config.learning_rate == 1.0
     assert type(config.gamma) is float and type(config.target_kl) is float
     assert type(config.num_workers) is int  # int settings stay ints
+
+
+def test_a_device_this_build_cannot_use_is_refused_before_the_directory_is_touched(
+    capsys, tmp_path
+):
+    # before: --device mps (or meta, xla) failed with a traceback after --overwrite had
+    # deleted the previous run
+    from rppo_td import train
+
+    run = ["--preset", "smoke", "--no-progress", "--threads", "1", "--output", str(tmp_path)]
+    assert train.main(run) == 0
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    for device, words in (
+        ("mps", "cannot be used by this torch build here"),
+        ("meta", "holds no data"),
+        ("ipu", "cannot be used by this torch build here"),
+    ):
+        assert train.main([*run, "--overwrite", "--device", device]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"device {device!r} {words}" in err and len(err.splitlines()) == 1, err
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
