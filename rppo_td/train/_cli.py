@@ -15,6 +15,7 @@ import yaml
 from rppo_td.envs import resolve_env_id
 from rppo_td.train._config import (
     RENAMED,
+    RUNTIME_FIELDS,
     TrainConfig,
     field_hints,
     renamed_settings,
@@ -209,8 +210,15 @@ def config_from_args(argv: list[str] | None = None) -> tuple[TrainConfig, dict[s
         given.update(args)
         sources.update({key: "--" + key.replace("_", "-") for key in args})
         given = renamed_settings(given, where="settings")
-        config = TrainConfig.from_dict(given, where="settings")
-        resolve_env_id(config.env)
+        if given.get("resume"):
+            # the other settings are the checkpoint's: each one given is checked alone here,
+            # then against the checkpoint's by the trainer, never against the defaults
+            TrainConfig.check_each(given, where="settings")
+            runtime = {key: value for key, value in given.items() if key in RUNTIME_FIELDS}
+            config = TrainConfig.from_dict(runtime, where="settings")
+        else:
+            config = TrainConfig.from_dict(given, where="settings")
+            resolve_env_id(config.env)
     except (ValueError, KeyError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
         parser.error(said_where(str(message), sources))

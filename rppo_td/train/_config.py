@@ -535,6 +535,27 @@ class TrainConfig:
             raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
         return cls(**values)
 
+    @staticmethod
+    def check_each(values: dict[str, Any], *, where: str = "config") -> None:
+        """Checks each setting of ``values`` alone (its type, bounds and choices).
+
+        For the settings given to a resumed run, which are compared with its checkpoint's
+        rather than combined with the defaults (``--total-steps 512`` of a run of 128-step
+        rollouts is no less than one of its rollouts, whatever the default rollout).
+
+        Raises:
+            KeyError: an unknown setting.
+            ValueError: a setting's value, as ``validate`` names it.
+        """
+        values = renamed_settings(values, where=where)
+        unknown = unknown_settings(values)
+        if unknown:
+            raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
+        hints = field_hints()
+        for f in dataclasses.fields(TrainConfig):
+            if f.name in values:
+                _check_field(f, hints[f.name], values[f.name])
+
     def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)

@@ -429,3 +429,21 @@ def test_a_device_this_build_cannot_use_is_refused_before_the_directory_is_touch
         err = capsys.readouterr().err.strip()
         assert f"device {device!r} {words}" in err and len(err.splitlines()) == 1, err
         assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_resume_checks_its_flags_against_the_checkpoint_not_the_defaults(capsys, tmp_path):
+    # before: `--resume r --total-steps 512` of a run of 4 x 32-step rollouts was refused as
+    # "less than one rollout (num_workers * rollout_steps = 1024)", the defaults' rollout
+    from rppo_td import train
+
+    run = ["--preset", "smoke", "--no-progress", "--threads", "1", "--num-workers", "4"]
+    run += ["--rollout-steps", "32", "--sequence-length", "8", "--total-steps", "512"]
+    assert train.main([*run, "--output", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert train.main(["--resume", str(tmp_path), "--total-steps", "512"]) == 0
+    # a value of its own is still refused alone, and a change against the checkpoint
+    with pytest.raises(SystemExit):
+        config_from_args(["--resume", str(tmp_path), "--hidden-size", "-3"])
+    assert "--hidden-size must be an integer" in capsys.readouterr().err
+    assert train.main(["--resume", str(tmp_path), "--total-steps", "1024"]) == 2
+    assert "total_steps: checkpoint 512, requested 1024" in capsys.readouterr().err
