@@ -105,9 +105,14 @@ class _StopFlag:
         if self._abort_after_save:
             raise KeyboardInterrupt
 
-    def __exit__(self, *exc: Any) -> None:
+    def release(self) -> None:
+        """Gives SIGINT/SIGTERM back to their earlier handlers (again: nothing)."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        self._previous.clear()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
 
 
 class Trainer:
@@ -541,9 +546,28 @@ class Trainer:
             self.release()
 
     def _run(self, stop_after_updates: int | None) -> dict[str, Any] | None:
-        c = self.config
         if self.resumed and self.counters["update"] >= self.num_updates:
             return self._finished_already()
+        # from here a signal stops the run after its next update, with a checkpoint: one
+        # while its log files were opened left them behind with nothing trained, and no word
+        with _StopFlag() as stop:
+            stopped = self._train(stop, stop_after_updates)
+        if stopped and self.ranks.distributed:
+            # the ranks leave together: torchrun stops every rank once one has exited, and
+            # rank 0 may still be closing the run's files (a SIGTERM to one rank alone)
+            wait_for_ranks()
+        if stopped:
+            log.info(
+                "stopped at update %d; continue with --resume %s",
+                self.counters["update"],
+                self.directory,
+            )
+            return None
+        return self.finish()  # a signal here raises: the final evaluation is interruptible
+
+    def _train(self, stop: _StopFlag, stop_after_updates: int | None) -> bool:
+        """The updates, with their logs and checkpoints; True if a signal stopped them."""
+        c = self.config
         resume_from = None
         if self.resumed:
             resume_from = (self.counters["update"], self.counters["env_steps"])
@@ -561,33 +585,34 @@ class Trainer:
         saved_update = self.counters["update"]
         saving: int | None = None  # the update whose checkpoint is being written
         try:
-            with _StopFlag() as stop:
-                while self.counters["update"] < self.num_updates:
-                    row = self._one_update()
-                    if metrics is not None:
-                        metrics.write(row)
-                    bar.update(per_update)
-                    bar.set_postfix(
-                        fps=f"{row['fps']:.0f}",
-                        ret=f"{row['episode_return_mean']:.1f}",
-                        time=time_split(row["collect_s"], row["learn_s"]),
-                    )
-                    done = self.counters["update"]
-                    stopped = stop.requested or done == stop_after_updates
-                    if self.ranks.distributed:  # all ranks stop after the same update
-                        stopped = any_rank(stopped, self.device)
-                    if stopped or done % c.checkpoint_every == 0 or done == self.num_updates:
-                        stop.saving = True
-                        saving = done
-                        if main:
-                            started = time.perf_counter()
-                            self.save()
-                            self.counters["checkpoint_time_s"] += time.perf_counter() - started
-                        saved_update, saving = done, None
-                        stop.saved()
-                    if stopped:
-                        break
+            while self.counters["update"] < self.num_updates:
+                row = self._one_update()
+                if metrics is not None:
+                    metrics.write(row)
+                bar.update(per_update)
+                bar.set_postfix(
+                    fps=f"{row['fps']:.0f}",
+                    ret=f"{row['episode_return_mean']:.1f}",
+                    time=time_split(row["collect_s"], row["learn_s"]),
+                )
+                done = self.counters["update"]
+                stopped = stop.requested or done == stop_after_updates
+                if self.ranks.distributed:  # all ranks stop after the same update
+                    stopped = any_rank(stopped, self.device)
+                if stopped or done % c.checkpoint_every == 0 or done == self.num_updates:
+                    stop.saving = True
+                    saving = done
+                    if main:
+                        started = time.perf_counter()
+                        self.save()
+                        self.counters["checkpoint_time_s"] += time.perf_counter() - started
+                    saved_update, saving = done, None
+                    stop.saved()
+                if stopped:
+                    break
+            stop.release()  # closing the logs, the plot and the evaluation: a signal raises
         except BaseException:
+            stop.release()
             # the update trained or being trained when it stopped: the checkpoint of a
             # finished update may be what failed (a full disk)
             during = (
@@ -615,18 +640,7 @@ class Trainer:
             if metrics is not None:
                 metrics.close()
                 _plot(self.directory, title=f"{c.env} ({c.recurrence})")
-        if stopped and self.ranks.distributed:
-            # the ranks leave together: torchrun stops every rank once one has exited, and
-            # rank 0 may still be closing the run's files (a SIGTERM to one rank alone)
-            wait_for_ranks()
-        if stopped:
-            log.info(
-                "stopped at update %d; continue with --resume %s",
-                self.counters["update"],
-                self.directory,
-            )
-            return None
-        return self.finish()
+        return stopped
 
     def leave_group(self) -> None:
         """Leaves the torchrun process group, if this run joined one (after ``run``)."""

@@ -662,3 +662,29 @@ def test_a_run_that_fails_to_start_leaves_no_directory(tmp_path, monkeypatch, ca
 
 def _raise_value_error(config):
     raise ValueError("agent refused")
+
+
+def test_a_signal_while_the_run_opens_its_logs_stops_it_after_one_update(
+    tmp_path, monkeypatch, caplog
+):
+    # before: a Ctrl-C while metrics.csv and TensorBoard's writer were being opened (after
+    # start-up, before the first update) left a header-only metrics.csv, no checkpoint and
+    # no message; now the signal is taken as one between updates is
+    import os
+    import signal
+
+    from rppo_td.train import _loop
+
+    opened = _loop.MetricsLog.__init__
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        opened(self, *args, **kwargs)
+
+    monkeypatch.setattr(_loop.MetricsLog, "__init__", signalled)
+    trainer, _ = _run(tmp_path)
+    with caplog.at_level("INFO", logger="rppo_td.train._loop"):
+        assert trainer.run() is None
+    assert load_checkpoint(tmp_path / "run")["counters"]["update"] == 1
+    assert len(_rows(tmp_path / "run")) == 1
+    assert "stopped at update 1; continue with --resume" in caplog.text
