@@ -18,7 +18,7 @@ from rppo_td.train._config import TrainConfig
 from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
-from rppo_td.train._outputs import SUMMARY_KEYS, json_text
+from rppo_td.train._outputs import SUMMARY_KEYS, json_text, print_result
 
 __all__ = [
     "cli",
@@ -130,7 +130,7 @@ def _main(argv: list[str] | None) -> int:
     if summary is None:
         return 130
     if trainer.ranks.main:
-        print(json_text({k: summary[k] for k in SUMMARY_KEYS}))  # noqa: T201
+        print_result(json_text({k: summary[k] for k in SUMMARY_KEYS}))
     return 0
 
 

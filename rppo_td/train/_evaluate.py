@@ -27,7 +27,7 @@ from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to
 from rppo_td.train._checkpoint import load_checkpoint
 from rppo_td.train._cli import ShortErrorParser
 from rppo_td.train._config import TrainConfig
-from rppo_td.train._outputs import json_text
+from rppo_td.train._outputs import json_text, print_result
 from rppo_td.train._setup import build_agent
 from rppo_td.train._video import (
     FPS_RANGES,
@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         "--seed",
         type=int,
         default=10_000,
-        help="env seed, and with --stochastic the action sampler's (default 10000)",
+        help="env seed, and with --stochastic the action sampler's (default 10000; at most "
+        "2**64 - --episodes)",
     )
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
     parser.add_argument(
@@ -464,8 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--episodes must be in [1, {MAX_EPISODES}] (one env each), got {args.episodes}"
         )
-    if args.seed < 0:
-        parser.error(f"--seed must be >= 0, got {args.seed}")
+    if not 0 <= args.seed <= 2**64 - args.episodes:  # episode i's env takes seed + i
+        parser.error(
+            f"--seed must be in [0, 2**64 - --episodes] = [0, {2**64 - args.episodes}], got "
+            f"{args.seed}"
+        )
     if args.max_episode_steps is not None and args.max_episode_steps < 1:
         parser.error(f"--max-episode-steps must be >= 1, got {args.max_episode_steps}")
     if args.video is None:
@@ -519,5 +523,5 @@ def main(argv: list[str] | None = None) -> int:
         fps=counters["env_steps"] / max(counters["wall_time_s"], 1e-9),
         **video,
     )
-    print(json_text(result))  # noqa: T201 (the command's output)
+    print_result(json_text(result))
     return 0

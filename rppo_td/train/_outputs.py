@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "MetricsLog",
     "fcntl_available",
     "json_text",
+    "print_result",
     "lock_run_directory",
     "plot_learning_curve",
     "prepare_run_directory",
@@ -364,6 +366,19 @@ def plot_learning_curve(directory: Path, *, title: str = "") -> Path | None:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def print_result(text: str) -> None:
+    """Prints a command's result to stdout; a reader that has gone (``| head``) is no error.
+
+    stdout is then pointed at ``os.devnull``, so that the interpreter's last flush does not
+    fail on the closed pipe again (Python's advice for ``BrokenPipeError``).
+    """
+    try:
+        print(text, flush=True)  # noqa: T201 (the command's output)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 def json_text(data: Any) -> str:

@@ -486,6 +486,12 @@ def test_eval_episodes_are_bounded(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--episodes must be in [1, 10000]" in err and len(err.strip().splitlines()) == 1
+    # before: a seed past what the env and torch take was "Overflow when unpacking long long"
+    with pytest.raises(SystemExit) as exit_:
+        eval_main(["--checkpoint", "x", "--episodes", "3", "--seed", str(2**64 - 2)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--seed must be in [0, 2**64 - --episodes] = [0, {2**64 - 3}]" in err
 
 
 def test_a_ctrl_c_anywhere_in_the_command_is_one_line(monkeypatch, capsys):
@@ -688,3 +694,27 @@ def test_a_signal_while_the_run_opens_its_logs_stops_it_after_one_update(
     assert load_checkpoint(tmp_path / "run")["counters"]["update"] == 1
     assert len(_rows(tmp_path / "run")) == 1
     assert "stopped at update 1; continue with --resume" in caplog.text
+
+
+def test_a_reader_that_closes_the_pipe_is_no_error(tmp_path):
+    # before: `rppo-eval ... | head -1` ended with a BrokenPipeError traceback
+    import shlex
+    import subprocess
+    import sys
+
+    trainer, _ = _run(tmp_path, eval_episodes=0)
+    trainer.run()
+    command = shlex.join(
+        [sys.executable, "-m", "rppo_td.evaluate", "--checkpoint", str(tmp_path / "run")]
+    )
+    # the reader takes nothing and exits: the result's print meets a closed pipe
+    done = subprocess.run(
+        f"{command} --episodes 2 | true; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
