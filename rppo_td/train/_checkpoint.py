@@ -18,6 +18,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -39,6 +40,7 @@ __all__ = [
     "check_resumable",
     "checkpoint_file",
     "env_state_name",
+    "is_env_state_name",
     "load_checkpoint",
     "load_env_state",
     "rng_state",
@@ -138,6 +140,13 @@ def env_state_name(update: int) -> str:
     return f"{ENV_STATE_PREFIX}{update:08d}{ENV_STATE_SUFFIX}"
 
 
+def is_env_state_name(name: str) -> bool:
+    """Whether ``name`` is one ``env_state_name`` gives (not a user's ``envs-mine.pkl``)."""
+    return (
+        re.fullmatch(rf"{ENV_STATE_PREFIX}\d{{8,}}{re.escape(ENV_STATE_SUFFIX)}", name) is not None
+    )
+
+
 def save_checkpoint(
     directory: Path, payload: dict[str, Any], *, env_state: bytes | None = None
 ) -> Path:
@@ -162,7 +171,7 @@ def save_checkpoint(
     data = {"format_version": FORMAT_VERSION, **payload, "env_state": reference}
     write_atomic(path, lambda f: torch.save(data, f))
     for old in directory.glob(f"{ENV_STATE_PREFIX}*{ENV_STATE_SUFFIX}"):
-        if reference is None or old.name != reference["file"]:
+        if is_env_state_name(old.name) and (reference is None or old.name != reference["file"]):
             try:
                 old.unlink(missing_ok=True)
             except OSError as err:

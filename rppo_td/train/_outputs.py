@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rppo_td.train._checkpoint import ENV_STATE_PREFIX, is_env_state_name
+
 try:
     import fcntl
 except ImportError:  # not on Windows: runs there are not locked
@@ -319,7 +321,7 @@ def prepare_run_directory(
 
 def _protect(directory: Path, *, resuming: bool, overwrite: bool, keep: str | None) -> None:
     where = repr(str(directory))
-    found = sorted({p.name for pattern in RUN_FILES for p in directory.glob(pattern)})
+    found = sorted({p.name for pattern in RUN_FILES for p in _run_outputs(directory, pattern)})
     if found and not resuming:
         if not overwrite:
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
@@ -329,16 +331,28 @@ def _protect(directory: Path, *, resuming: bool, overwrite: bool, keep: str | No
                 "--output"
             )
         for pattern in (*RUN_FILES, *OTHER_OUTPUTS):
-            for path in directory.glob(pattern):
+            for path in _run_outputs(directory, pattern):
                 path.unlink()
         log.warning("--overwrite: deleted the previous run's files in %s", directory)
     for pattern in (*RUN_FILES, *OTHER_OUTPUTS):
-        for path in directory.glob(pattern + ".tmp"):
+        for path in _run_outputs(directory, pattern + ".tmp"):
             path.unlink(missing_ok=True)
     if resuming:
-        for path in directory.glob("envs-*.pkl"):
+        for path in _run_outputs(directory, "envs-*.pkl"):
             if path.name != keep:
                 path.unlink()
+
+
+def _run_outputs(directory: Path, pattern: str) -> list[Path]:
+    """The files in ``directory`` that ``pattern`` names; env copies by their exact form.
+
+    The env copies are ``envs-<update, 8 digits>.pkl`` (``env_state_name``): the glob alone
+    would take a user's own ``envs-mine.pkl`` for one, and ``--overwrite`` delete it.
+    """
+    found = list(directory.glob(pattern))
+    if pattern.startswith(ENV_STATE_PREFIX):
+        found = [p for p in found if is_env_state_name(p.name.removesuffix(".tmp"))]
+    return found
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

@@ -718,3 +718,20 @@ def test_a_reader_that_closes_the_pipe_is_no_error(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+def test_overwrite_and_resume_delete_the_runs_files_and_no_others(tmp_path):
+    # before: --overwrite (and a resume's clean-up of older env copies) deleted a user's own
+    # envs-mine.pkl, named like the env copies' glob
+    trainer, config = _run(tmp_path)
+    trainer.run()
+    out = tmp_path / "run"
+    mine = {"envs-mine.pkl": b"mine", "envs-1.pkl": b"one", "notes.txt": b"notes"}
+    for name, data in mine.items():
+        (out / name).write_bytes(data)
+    Trainer(config.replace(resume=str(out))).release()
+    trainer = Trainer(config.replace(overwrite=True))
+    trainer.run()
+    for name, data in mine.items():
+        assert (out / name).read_bytes() == data
+    assert len(list(out.glob("envs-[0-9]*.pkl"))) == 2  # the new run's copies, and envs-1.pkl
