@@ -127,7 +127,9 @@ class ShortErrorParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:
         """Prints ``prog: error: message (see prog --help)`` to stderr and exits with 2."""
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = f"(see {self.prog} --help)"
+        message = message if message.endswith(hint) else f"{message} {hint}"  # said once
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parse_type(hint: Any):

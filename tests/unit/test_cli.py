@@ -217,6 +217,7 @@ def test_unknown_key_in_config_file(capsys, tmp_path):
     path.write_text("total_stepz: 10\n")
     message = _error(capsys, ["--config", str(path)])
     assert f"config file {str(path)!r}: unknown setting(s) ['total_stepz']" in message
+    assert message.count("(see rppo-train --help)") == 1  # it was said twice
     path.write_text("gae_lambda: 0.9\n")  # an old name is still read
     config, _ = config_from_args(["--config", str(path)])
     assert config.lmbda == 0.9
