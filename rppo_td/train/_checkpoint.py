@@ -210,6 +210,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {where}")
     if file.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty, not an rppo_td checkpoint")
+    with file.open("rb") as f:
+        head = f.read(4)
+    if head != _ZIP_MAGIC:  # summary.json, metrics.csv, a pickle of something else
+        raise CheckpointError(
+            f"{where} is not an rppo_td checkpoint: checkpoints are the zip archives "
+            f"torch.save writes, and this file starts with {head!r}"
+        )
     _check_checksums(file, where)
     try:
         with warnings.catch_warnings():
@@ -233,6 +240,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         data["config"] = {"center_observations": True, **data["config"]}
         data["format_version"] = FORMAT_VERSION
     return data
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # a zip archive's first local file header
 
 
 def _check_checksums(file: Path, where: str) -> None:

@@ -358,6 +358,7 @@ def _crafted_files(folder: Path, marker: Path) -> dict[str, Path]:
     put("empty", lambda p: p.write_bytes(b""))
     put("random_bytes", lambda p: p.write_bytes(random.Random(0).randbytes(4096)))
     put("text", lambda p: p.write_text("not a checkpoint\n"))
+    put("json", lambda p: p.write_text('{"eval_return_mean": 1.0}\n'))  # summary.json, say
     put("list", lambda p: torch.save([1, 2, 3], p))
     put("old_format", lambda p: torch.save({"format_version": 1, "config": {}}, p))
     put("missing_fields", lambda p: torch.save({"format_version": FORMAT_VERSION, "config": {}}, p))
@@ -410,6 +411,9 @@ def test_bad_checkpoints_never_run_code(reference, tmp_path, capsys):
             lines = err.strip().splitlines()
             assert len(lines) == 1 and str(path) in lines[0], (name, lines)
             assert not marker.exists(), f"{name}: loading ran code"
+            if name in ("text", "json", "plain_pickle", "random_bytes"):
+                # before: a text file "holds objects other than tensors and plain data"
+                assert "checkpoints are the zip archives torch.save writes" in lines[0], lines
     # and through the real commands, as separate processes
     path = files["torch_dict"]
     for args in (
