@@ -652,7 +652,8 @@ class Trainer:
 
         Its ``summary.json``, kept as it is, where it is the summary of this checkpoint; else
         (the run stopped in its final evaluation, or the file is damaged) ``finish()``. No
-        metrics row, TensorBoard file or plot is written either way.
+        metrics row or TensorBoard file is written either way; ``learning_curve.png`` is
+        plotted where it is missing (a run killed between its last update and its plot).
         """
         path = self.directory / "summary.json"
         kept = None
@@ -675,6 +676,8 @@ class Trainer:
                     self.num_updates,
                     self.counters["env_steps"],
                 )
+        if self.ranks.main and not (self.directory / "learning_curve.png").exists():
+            _plot(self.directory, title=f"{self.config.env} ({self.config.recurrence})")
         found = kept is not None
         if self.ranks.distributed:  # every rank takes the same branch
             found = any_rank(found, self.device)

@@ -735,3 +735,16 @@ def test_overwrite_and_resume_delete_the_runs_files_and_no_others(tmp_path):
     for name, data in mine.items():
         assert (out / name).read_bytes() == data
     assert len(list(out.glob("envs-[0-9]*.pkl"))) == 2  # the new run's copies, and envs-1.pkl
+
+
+def test_a_finished_run_resumed_without_its_plot_gets_it(tmp_path):
+    # a run killed between its last update and its plot: the resume evaluated it but never
+    # wrote learning_curve.png
+    trainer, config = _run(tmp_path)
+    trainer.run()
+    out = tmp_path / "run"
+    (out / "learning_curve.png").unlink()
+    (out / "summary.json").unlink()
+    assert Trainer(config.replace(resume=str(out))).run() is not None
+    assert (out / "learning_curve.png").stat().st_size > 0
+    assert (out / "summary.json").exists()
