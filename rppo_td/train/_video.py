@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -91,10 +92,16 @@ def check_video_path(path: str | os.PathLike[str]) -> Path:
     existing = out.absolute().parent
     while not existing.exists():
         existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    problem = None if existing.is_dir() else "not a directory"
+    if problem is None:
+        try:  # a real write: root passes os.access on /sys and /proc, which refuse files
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as err:
+            problem = err.strerror or str(err)
+    if problem is not None:
         raise ValueError(
-            f"--video {str(path)!r}: cannot create the file under {str(existing)!r} "
-            "(not a writable directory)"
+            f"--video {str(path)!r}: cannot create the file under {str(existing)!r} ({problem})"
         )
     if suffix == ".mp4":
         _ffmpeg()

@@ -168,7 +168,16 @@ def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeyp
     assert "is a directory" in refused("--video", str(tmp_path / "folder.gif"))
     assert "is a directory" in refused("--video", str(tmp_path))  # no suffix: a directory first
     (tmp_path / "file").write_text("")
-    assert "not a writable directory" in refused("--video", str(tmp_path / "file" / "x.gif"))
+    assert "(not a directory)" in refused("--video", str(tmp_path / "file" / "x.gif"))
+    # a directory that refuses files, whatever its mode bits say (root passes os.access on
+    # /sys): the evaluation ran first, then the write failed with ffmpeg's broken pipe
+    import os
+    from unittest import mock
+
+    with mock.patch("tempfile.TemporaryFile", side_effect=PermissionError(13, "Permission denied")):
+        err = refused("--video", str(tmp_path / "x.gif"))
+    assert f"cannot create the file under {str(tmp_path)!r} (Permission denied)" in err
+    assert os.access(tmp_path, os.W_OK)
     assert "--video-episodes needs --video PATH" in refused("--video-episodes", "2")
     assert "--fps needs --video PATH" in refused("--fps", "10")
     gif = str(tmp_path / "x.gif")
