@@ -1,8 +1,9 @@
 """The console scripts' entry points: ``rppo-train`` and ``rppo-eval``.
 
-They import the trainer (torch, TorchRL, gymnasium: a second or more) inside a guard, so that
-a Ctrl-C or a SIGTERM while it loads is one line and exit status 130, not a traceback from an
-import (or, for SIGTERM, a silent death).
+They import the trainer (torch, TorchRL, gymnasium: a second or more) with SIGINT and
+SIGTERM held (``signals_deferred``), so that a Ctrl-C or a SIGTERM while it loads is one line
+and exit status 130 once the imports are whole, not a traceback from inside an import, an
+abort, or a half-imported numpy (or, for SIGTERM, a silent death).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from rppo_td._signals import terminate_as_interrupt
+from rppo_td._signals import signals_deferred, terminate_as_interrupt
 
 __all__ = ["evaluate", "train"]
 
@@ -18,7 +19,7 @@ __all__ = ["evaluate", "train"]
 def train() -> None:
     """``rppo-train``: ``rppo_td.train.cli``."""
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(), signals_deferred("rppo-train"):
             from rppo_td.train import cli
     except KeyboardInterrupt:
         _interrupted("rppo-train")
@@ -28,7 +29,7 @@ def train() -> None:
 def evaluate() -> None:
     """``rppo-eval``: ``rppo_td.train.evaluate_main``."""
     try:
-        with terminate_as_interrupt():
+        with terminate_as_interrupt(), signals_deferred("rppo-eval"):
             from rppo_td.train import evaluate_main
     except KeyboardInterrupt:
         _interrupted("rppo-eval")

@@ -1,4 +1,6 @@
-"""SIGTERM as a Ctrl-C for the commands: ``terminate_as_interrupt``.
+"""Signals for the commands: ``terminate_as_interrupt`` and ``signals_deferred``.
+
+SIGTERM as a Ctrl-C, and SIGINT/SIGTERM held while the commands load their modules.
 
 Imports nothing but the standard library: the console scripts use it before they load torch.
 """
@@ -6,12 +8,14 @@ Imports nothing but the standard library: the console scripts use it before they
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["terminate_as_interrupt"]
+__all__ = ["signals_deferred", "terminate_as_interrupt"]
 
 
 @contextlib.contextmanager
@@ -46,3 +50,39 @@ def terminate_as_interrupt() -> Iterator[None]:
     finally:
         for signum, handler in restore.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred(prog: str) -> Iterator[None]:
+    """Holds SIGINT and SIGTERM until the block ends, then raises ``KeyboardInterrupt``.
+
+    For loading torch, TorchRL and numpy: a ``KeyboardInterrupt`` raised inside an import
+    can leave a module half-imported in ``sys.modules`` (numpy without ``logical_or``), make a
+    C++ extension abort the process, or be taken by a library's handler for another error, so
+    the command went on broken or died with a traceback. Held, the signal stops the command
+    once the imports are whole (a second or two later). A second signal while held ends the
+    process at once (nothing has been done yet). Outside the main thread nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:  # asked twice: stop now, as the user means
+            sys.stderr.write(f"{prog}: interrupted during start-up; nothing done\n")
+            os._exit(130)
+        held.append(signum)
+
+    previous = {
+        signum: signal.signal(signum, hold)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if signal.getsignal(signum) is not signal.SIG_IGN
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        raise KeyboardInterrupt

@@ -274,25 +274,29 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
 
 
 @pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+@pytest.mark.parametrize("stop", ["raised", "sigint", "sigterm"])
 def test_a_stop_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, prog, stop):
     # the console scripts imported torch and TorchRL before any guard: a traceback on a
-    # Ctrl-C, and SIGTERM's default action killed the process silently (status -15)
+    # Ctrl-C, and SIGTERM's default action killed the process silently (status -15); then a
+    # Ctrl-C raised inside an import could leave numpy half-imported, or abort the process
+    # from a C++ extension: a signal is now held until the imports are whole
     import builtins
     import os
     import signal
-    import time
 
     from rppo_td import _entry
 
     real_import = builtins.__import__
+    whole = []
 
     def interrupted(name, *args, **kwargs):
         if name == "rppo_td.train":
-            if stop == "ctrl-c":
+            if stop == "raised":
                 raise KeyboardInterrupt
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)  # the handler raises before this ends
+            os.kill(os.getpid(), signal.SIGINT if stop == "sigint" else signal.SIGTERM)
+            module = real_import(name, *args, **kwargs)  # the signal waits for this
+            whole.append(name)
+            return module
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", interrupted)
@@ -308,6 +312,7 @@ def test_a_stop_while_the_trainer_loads_is_one_line(monkeypatch, capsys, entry, 
     assert exit_.value.code == 130
     assert capsys.readouterr().err == f"{prog}: interrupted during start-up; nothing done\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is back
+    assert whole == ([] if stop == "raised" else ["rppo_td.train"])
 
 
 def test_terminate_as_interrupt_leaves_another_handler_alone():
