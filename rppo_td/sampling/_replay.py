@@ -214,12 +214,11 @@ class SequenceReplaySampler(Sampler):
     def loads(self, path: str | Path) -> None:
         """Reads what ``dumps`` wrote."""
         meta = json.loads((Path(path) / "sampler_metadata.json").read_text())
-        saved = meta.get("generator")
-        self._set_generator_state(None if saved is None else torch.tensor(saved, dtype=torch.uint8))
+        self._set_generator_state(meta.get("generator"))  # a list of bytes, from JSON
         self._plan = [torch.tensor(g, dtype=torch.int64) for g in meta["plan"]]
         self._next = int(meta["next"])
 
-    def _set_generator_state(self, state: torch.Tensor | None) -> None:
+    def _set_generator_state(self, state: torch.Tensor | list[int] | None) -> None:
         if state is None:  # saved by a sampler drawing from the buffer's or torch's generator
             return
         if self.generator is None:

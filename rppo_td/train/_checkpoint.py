@@ -40,7 +40,7 @@ __all__ = [
     "check_resumable",
     "checkpoint_file",
     "env_state_name",
-    "is_env_state_name",
+    "env_state_files",
     "load_checkpoint",
     "load_env_state",
     "rng_state",
@@ -140,11 +140,18 @@ def env_state_name(update: int) -> str:
     return f"{ENV_STATE_PREFIX}{update:08d}{ENV_STATE_SUFFIX}"
 
 
-def is_env_state_name(name: str) -> bool:
-    """Whether ``name`` is one ``env_state_name`` gives (not a user's ``envs-mine.pkl``)."""
-    return (
-        re.fullmatch(rf"{ENV_STATE_PREFIX}\d{{8,}}{re.escape(ENV_STATE_SUFFIX)}", name) is not None
-    )
+def env_state_files(directory: Path, suffix: str = "") -> list[Path]:
+    """The env copies in ``directory``: the names ``env_state_name`` gives, plus ``suffix``.
+
+    Matched by their exact form, so that a user's own ``envs-mine.pkl`` there is never taken
+    for one (and deleted by ``--overwrite``, a resume's clean-up or a checkpoint's pruning).
+    """
+    form = rf"{re.escape(ENV_STATE_PREFIX)}\d{{8,}}{re.escape(ENV_STATE_SUFFIX + suffix)}"
+    return [
+        path
+        for path in directory.glob(f"{ENV_STATE_PREFIX}*{ENV_STATE_SUFFIX}{suffix}")
+        if re.fullmatch(form, path.name)
+    ]
 
 
 def save_checkpoint(
@@ -170,8 +177,8 @@ def save_checkpoint(
     path = directory / CHECKPOINT_NAME
     data = {"format_version": FORMAT_VERSION, **payload, "env_state": reference}
     write_atomic(path, lambda f: torch.save(data, f))
-    for old in directory.glob(f"{ENV_STATE_PREFIX}*{ENV_STATE_SUFFIX}"):
-        if is_env_state_name(old.name) and (reference is None or old.name != reference["file"]):
+    for old in env_state_files(directory):
+        if reference is None or old.name != reference["file"]:
             try:
                 old.unlink(missing_ok=True)
             except OSError as err:
@@ -249,13 +256,13 @@ def _check_checksums(file: Path, where: str) -> None:
     """Refuses a checkpoint whose bytes changed after it was written (a disk or copy fault).
 
     ``torch.save`` writes a zip archive with a CRC-32 of every entry, but ``torch.load``
-    does not check them: damaged weights would load as other weights, silently. A file that
-    is not a zip archive is left to ``torch.load``, which refuses it.
+    does not check them: damaged weights would load as other weights, silently. An archive
+    cut short is left to ``torch.load``, which refuses it.
     """
     try:
         archive = zipfile.ZipFile(file)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return  # truncated or not a zip: torch.load's error says so
+        return  # truncated: torch.load's error says so
     with archive:
         try:
             damaged = archive.testzip()

@@ -76,6 +76,15 @@ def unknown_settings(values: dict[str, Any]) -> list[str]:
     return sorted(set(values) - set(field_hints()) - set(RENAMED))
 
 
+def _known_settings(values: dict[str, Any], *, where: str) -> dict[str, Any]:
+    """``values`` under today's names, refusing an unknown setting with a ``KeyError``."""
+    values = renamed_settings(values, where=where)
+    unknown = unknown_settings(values)
+    if unknown:
+        raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
+    return values
+
+
 def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
     """Raises ``ValueError`` unless ``value`` has the field's type, bounds and choices."""
     name, meta = f.name, f.metadata
@@ -529,11 +538,7 @@ class TrainConfig:
 
         Renamed settings are read under their old names (``renamed_settings``).
         """
-        values = renamed_settings(values, where=where)
-        unknown = unknown_settings(values)
-        if unknown:
-            raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
-        return cls(**values)
+        return cls(**_known_settings(values, where=where))
 
     @staticmethod
     def check_each(values: dict[str, Any], *, where: str = "config") -> None:
@@ -547,10 +552,7 @@ class TrainConfig:
             KeyError: an unknown setting.
             ValueError: a setting's value, as ``validate`` names it.
         """
-        values = renamed_settings(values, where=where)
-        unknown = unknown_settings(values)
-        if unknown:
-            raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
+        values = _known_settings(values, where=where)
         hints = field_hints()
         for f in dataclasses.fields(TrainConfig):
             if f.name in values:

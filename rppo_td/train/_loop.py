@@ -639,7 +639,7 @@ class Trainer:
             bar.close()
             if metrics is not None:
                 metrics.close()
-                _plot(self.directory, title=f"{c.env} ({c.recurrence})")
+                _plot(self.directory, c)
         return stopped
 
     def leave_group(self) -> None:
@@ -677,7 +677,7 @@ class Trainer:
                     self.counters["env_steps"],
                 )
         if self.ranks.main and not (self.directory / "learning_curve.png").exists():
-            _plot(self.directory, title=f"{self.config.env} ({self.config.recurrence})")
+            _plot(self.directory, self.config)
         found = kept is not None
         if self.ranks.distributed:  # every rank takes the same branch
             found = any_rank(found, self.device)
@@ -809,10 +809,10 @@ def _upgrade_collector_state(state: dict[str, Any], net: RecurrentActorCritic) -
     return {**state, "carry": carry}
 
 
-def _plot(directory: Path, *, title: str) -> None:
+def _plot(directory: Path, config: TrainConfig) -> None:
     """The learning curve; a plotting failure is logged, never raised over the run's result."""
     try:
-        plot_learning_curve(directory, title=title)
+        plot_learning_curve(directory, title=f"{config.env} ({config.recurrence})")
     except Exception as err:  # matplotlib and the filesystem raise many types
         log.warning("learning_curve.png not written: %s", err)
 
@@ -830,9 +830,9 @@ def _check_device(name: str) -> torch.device:
     try:  # a type this torch build has no backend for (mps, xla on Linux), a missing index
         torch.empty(1, device=device)
     except (RuntimeError, AssertionError) as err:
-        first = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else ""
         raise ValueError(
-            f"device {name!r} cannot be used by this torch build here ({first})"
+            f"device {name!r} cannot be used by this torch build here "
+            f"({first_line(err, sentence=True)})"
         ) from None
     return device
 

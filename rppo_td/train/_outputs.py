@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rppo_td.train._checkpoint import ENV_STATE_PREFIX, is_env_state_name
+from rppo_td.train._checkpoint import ENV_STATE_PREFIX, env_state_files
 
 try:
     import fcntl
@@ -338,21 +338,16 @@ def _protect(directory: Path, *, resuming: bool, overwrite: bool, keep: str | No
         for path in _run_outputs(directory, pattern + ".tmp"):
             path.unlink(missing_ok=True)
     if resuming:
-        for path in _run_outputs(directory, "envs-*.pkl"):
+        for path in env_state_files(directory):
             if path.name != keep:
                 path.unlink()
 
 
 def _run_outputs(directory: Path, pattern: str) -> list[Path]:
-    """The files in ``directory`` that ``pattern`` names; env copies by their exact form.
-
-    The env copies are ``envs-<update, 8 digits>.pkl`` (``env_state_name``): the glob alone
-    would take a user's own ``envs-mine.pkl`` for one, and ``--overwrite`` delete it.
-    """
-    found = list(directory.glob(pattern))
-    if pattern.startswith(ENV_STATE_PREFIX):
-        found = [p for p in found if is_env_state_name(p.name.removesuffix(".tmp"))]
-    return found
+    """The files in ``directory`` that ``pattern`` names; env copies by their exact form."""
+    if pattern.startswith(ENV_STATE_PREFIX):  # "envs-*.pkl" or "envs-*.pkl.tmp"
+        return env_state_files(directory, ".tmp" if pattern.endswith(".tmp") else "")
+    return list(directory.glob(pattern))
 
 
 def read_metrics(path: Path) -> list[dict[str, str]]:

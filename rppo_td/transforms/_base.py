@@ -37,8 +37,7 @@ class RolloutTransform(Transform):
             raise TypeError(f"keys must be a RolloutKeys, got {type(keys).__name__}")
         keys = keys if keys is not None else DEFAULT_KEYS
         super().__init__(in_keys=[], out_keys=[])
-        self._list_keys(self._keys_of(keys, self._in_fields), self._keys_of(keys, self._out_fields))
-        self.keys = keys
+        self._follow(keys)
 
     @property
     def in_keys(self) -> list[NestedKey]:
@@ -57,6 +56,11 @@ class RolloutTransform(Transform):
     @out_keys.setter
     def out_keys(self, value: Any) -> None:
         self._assign_listed("out_keys", value)
+
+    def _follow(self, keys: RolloutKeys) -> None:
+        """Takes ``keys``, listing what they name in ``in_keys`` and ``out_keys``."""
+        self._list_keys(self._keys_of(keys, self._in_fields), self._keys_of(keys, self._out_fields))
+        self.keys = keys
 
     def _list_keys(self, in_keys: list[NestedKey], out_keys: list[NestedKey]) -> None:
         """Sets ``in_keys`` and ``out_keys`` (the transform's own bookkeeping)."""
@@ -125,9 +129,7 @@ class RolloutTransform(Transform):
                 f"{type(self).__name__}.set_keys got unknown key name(s) {unknown}; the "
                 f"accepted names are the RolloutKeys fields {list(_FIELDS)}"
             )
-        keys = replace(self.keys, **kwargs)
-        self._list_keys(self._keys_of(keys, self._in_fields), self._keys_of(keys, self._out_fields))
-        self.keys = keys
+        self._follow(replace(self.keys, **kwargs))
         return self
 
     def _check_writable(
