@@ -147,9 +147,9 @@ def stopping_update(self):
     if dist.get_rank() == 1 and self.counters["update"] == 3:
         os.kill(os.getpid(), signal.SIGTERM)
     return row
-def slow_plot(directory, *, title):
+def slow_plot(directory, config):
     time.sleep(3)
-    plot(directory, title=title)
+    plot(directory, config)
     (out / "closed").write_text("rank 0 closed the run's files")
 _loop.Trainer._one_update, _loop._plot = stopping_update, slow_plot
 sys.exit(main(["--preset", "smoke", "--total-steps", "4096", "--output", str(out)]))
