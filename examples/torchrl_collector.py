@@ -59,8 +59,9 @@ class Config:
     """Adam learning rate."""
     start_state: str = "refreshed"
     """Each sequence's start state before each epoch: stored, refreshed or zero."""
-    burn_in: int = 4
-    """Steps of the same episode run (no gradient, no loss) before each sequence."""
+    burn_in: int = 0
+    """Steps of the same episode run (no gradient, no loss) before each sequence, from its
+    stored or zero start state; a refreshed state has run through them already (so 0 here)."""
     seed: int = 0
     """Seeds torch, the environments and the minibatch order."""
     threads: int = 1
@@ -135,7 +136,7 @@ def main(cfg: Config) -> None:
         rppo_td.SequencePadder(),
     )
     # before each epoch: the start states from the LSTM as it is now (the stored ones go stale
-    # after the first epoch), warmed up by burn_in earlier steps of each sequence's episode.
+    # after the first epoch); with start_state stored or zero, burn_in warms them up instead.
     # The actor and the critic share the LSTM, so its state keys are computed once.
     start_states = rppo_td.SequenceStartStates(
         [actor, critic], start_state=cfg.start_state, burn_in=cfg.burn_in

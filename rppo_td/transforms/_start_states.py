@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -68,9 +69,10 @@ class SequenceStartStates(RolloutTransform):
     **Modules.** Any TorchRL recurrent module in step mode: its state keys are those it
     writes under ``"next"`` (``("next", "recurrent_state_h")``) and also reads, e.g.
     ``LSTMModule``/``GRUModule`` or a ``ProbabilisticActor`` around one. Each is run step by
-    step in step mode under ``set_exploration_type(DETERMINISTIC)`` (no sampling, so no random
-    numbers drawn). rppo_td's ``RecurrentActor``/``RecurrentCritic``/``RecurrentPolicy``
-    take faster paths (``final_states``: padded sequences refreshed in at most
+    step in step mode under ``set_exploration_type(DETERMINISTIC)`` and in eval mode (no
+    sampling and no dropout, so no random numbers drawn; each module's mode is restored
+    after). rppo_td's ``RecurrentActor``/``RecurrentCritic``/``RecurrentPolicy`` take faster
+    paths (``final_states``: padded sequences refreshed in at most
     ``ceil(T / L)`` rounds, the ``k``-th sequence of every episode fragment in one call,
     padding skipped; ``scan_states``: the encoder once over all
     steps, only the core stepped) that give the
@@ -398,10 +400,17 @@ class SequenceStartStates(RolloutTransform):
 
     def _needed(self, tensordict: TensorDictBase) -> list[NestedKey]:
         keys = [*self._input_keys(), *self.state_keys]
-        if self.burn_in and self.start_state != "refreshed":
-            keys.append(self.keys.episode_id)
         for key in keys:
             get_key(tensordict, key, hint=f"(SequenceStartStates reads {key!r})")
+        if self.burn_in and self.start_state != "refreshed":
+            key = self.keys.episode_id
+            get_key(
+                tensordict,
+                key,
+                hint=f"(burn_in={self.burn_in} reads {key!r} to stay within each episode; "
+                "EpisodeSplitter writes it)",
+            )
+            keys.append(key)
         if (
             self.keys.episode_id not in keys
             and tensordict.get(self.keys.episode_id, None) is not None
@@ -465,7 +474,7 @@ class SequenceStartStates(RolloutTransform):
             self._check_state(key, value, (num_workers, num_time))
             zero = is_init.view(num_workers, num_time, *([1] * (value.ndim - 2)))
             stored[key] = torch.where(zero, 0.0, value).detach()
-        with torch.no_grad():
+        with torch.no_grad(), _inference_mode(module for module, _ in self._plan):
             if self.start_state == "refreshed":
                 first = {key: value[:, 0] for key, value in stored.items()}
                 base, _ = self._scan(rollout, first, None)
@@ -636,6 +645,23 @@ def scan_step_by_step(
                 carry[key] = torch.where(_expand(on, after), after, carry[key])
     stacked = {key: torch.stack(values, dim=1) for key, values in entering.items()}
     return stacked, carry
+
+
+@contextlib.contextmanager
+def _inference_mode(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """The modules in eval mode (dropout off, batch norm's running statistics), then as before.
+
+    Start states are inference: a module in training mode with dropout would draw random
+    numbers and give other states at each call.
+    """
+    saved = [(part, part.training) for module in modules for part in module.modules()]
+    try:
+        for part, _ in saved:
+            part.training = False
+        yield
+    finally:
+        for part, training in saved:
+            part.training = training
 
 
 def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -315,10 +315,54 @@ def test_refusals_name_the_setting():
     padded = SequencePadder()(chunked)
     with pytest.raises(ValueError, match="these hold 4 of the 8 real steps of their rollout"):
         SequenceStartStates(RecurrentActor(net))(padded[:2])
-    with pytest.raises(KeyError, match="episode_id"):
+    with pytest.raises(KeyError, match=r"burn_in=2 reads 'episode_id'.*EpisodeSplitter writes"):
         SequenceStartStates(RecurrentActor(net), start_state="stored", burn_in=2)(
             padded.exclude("episode_id")
         )
+
+
+@pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 3)])
+def test_dropout_is_off_while_states_are_computed(start_state, burn_in):
+    # a module in training mode (as during an update) with dropout drew random numbers: each
+    # call gave other start states
+    from tensordict.nn import TensorDictModule, TensorDictSequential
+    from torchrl.modules import LSTMModule
+
+    torch.manual_seed(0)
+    lstm = LSTMModule(
+        input_size=2,
+        hidden_size=3,
+        num_layers=2,
+        dropout=0.5,
+        in_key="observation",
+        out_key="features",
+    )
+    head = TensorDictModule(torch.nn.Linear(3, 1), ["features"], ["v"])
+    module = TensorDictSequential(lstm, head).train()
+    workers, steps = 2, 9
+    done = torch.zeros(workers, steps, 1, dtype=torch.bool)
+    is_init = torch.zeros_like(done)
+    is_init[:, 0] = True
+    td = TensorDict(
+        {
+            "observation": torch.randn(workers, steps, 2),
+            "is_init": is_init,
+            "recurrent_state_h": torch.randn(workers, steps, 2, 3),
+            "recurrent_state_c": torch.randn(workers, steps, 2, 3),
+            "next": {"done": done},
+        },
+        batch_size=[workers, steps],
+    )
+    td = SequencePadder()(SequenceChunker(sequence_length=3)(EpisodeSplitter()(td)))
+    transform = SequenceStartStates(module, start_state=start_state, burn_in=burn_in)
+    first, second = transform(td), transform(td)
+    module.eval()
+    expected = transform(td)
+    module.train()
+    for key in ("recurrent_state_h", "recurrent_state_c"):
+        torch.testing.assert_close(first[key], second[key], rtol=0, atol=0)
+        torch.testing.assert_close(first[key], expected[key], rtol=0, atol=0)
+    assert all(part.training for part in module.modules())  # the mode is restored
 
 
 @pytest.mark.parametrize("start_state", ["stored", "refreshed", "zero"])
