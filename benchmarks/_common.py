@@ -338,6 +338,7 @@ def write_json(name: str, payload: dict[str, object]) -> Path:
     if path.exists() and not name.endswith("_quick"):
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         path = RESULTS / f"{name}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)  # a name may hold folders: sub/name
     path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
     return path
 

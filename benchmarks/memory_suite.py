@@ -26,8 +26,10 @@ crashed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
+import io
 import json
 import os
 import platform
@@ -440,10 +442,24 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
             f"--import-run: {path} is not there: give the output directory of a finished "
             "rppo-train run"
         )
-    summary = json.loads(path.read_text())
-    config = summary.get("config", {})
+    try:
+        summary = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise SystemExit(f"--import-run: {path} is not rppo-train's JSON: {err}") from None
+    config = summary.get("config") if isinstance(summary, dict) else None
+    fields = ("eval_return_mean", "eval_return_std", "env_steps", "wall_time_s")
+    if not isinstance(config, dict) or any(name not in summary for name in fields):
+        raise SystemExit(f"--import-run: {path} lacks rppo-train's config or one of {list(fields)}")
     if config.get("seed") != seed:
         raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
+    preset = preset_settings(TASKS[task].preset)
+    for name in ("env", "total_steps"):  # what the task's row is: its env and its budget
+        if config.get(name) != preset[name]:
+            raise SystemExit(
+                f"--import-run: {directory} trained {name}={config.get(name)!r}, and {task}'s "
+                f"preset has {name}={preset[name]!r}: the task's table counts runs of its "
+                "env and budget"
+            )
     curve = read_curve(directory / "metrics.csv")
     overrides = imported_overrides(task, config)
     # when it was trained (which code it ran, see CODE_CHANGES): summary.json is written at
@@ -484,6 +500,23 @@ def cli_args(name: str, value: str) -> list[str]:
     if value == "False":
         return [f"--no-{name}"]
     return [f"--{name}", value]
+
+
+def check_settings(
+    parser: argparse.ArgumentParser, task: str, flags: tuple[tuple[str, str], ...]
+) -> None:
+    """Refuses (``parser.error``) flags that ``rppo-train`` would refuse over ``task``'s preset."""
+    from rppo_td.train._cli import config_from_args
+
+    argv = ["--preset", TASKS[task].preset]
+    for name, value in flags:
+        argv += cli_args(name, value)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as said:
+            config_from_args(argv)
+    except SystemExit:
+        message = said.getvalue().strip().removeprefix("rppo-train: error: ")
+        parser.error(f"--flags over {task}'s preset: {message}")
 
 
 def run_one(run: Run, workdir: Path) -> dict:
@@ -536,8 +569,17 @@ def run_one(run: Run, workdir: Path) -> dict:
 def read_curve(path: Path) -> list[list[float]]:
     """``[[env_steps, wall_time_s, episode_return_mean], ...]`` (rows with a return)."""
     rows = []
+    if not path.is_file():
+        raise SystemExit(f"{path} is not there: a finished rppo-train run writes it")
     with path.open() as f:
-        for row in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        columns = ("env_steps", "wall_time_s", "episode_return_mean")
+        if not set(columns) <= set(reader.fieldnames or ()):
+            raise SystemExit(
+                f"{path} is not rppo-train's metrics.csv: it needs the columns {list(columns)}, "
+                f"its first line is {','.join(reader.fieldnames or [])[:80]!r}"
+            )
+        for row in reader:
             value = row.get("episode_return_mean", "")
             if value not in ("", "nan"):
                 rows.append(
@@ -680,22 +722,49 @@ def task_table(suite: Suite) -> list[str]:
     return lines
 
 
-def ablation_table(suite: Suite, task: str) -> list[str]:
+def in_cell(result: dict, base: dict[str, str], preset: dict[str, object]) -> bool:
+    """Whether a run's settings are the ablation's ``base`` over ``preset`` but for the cell.
+
+    Every setting a run or ``base`` names, other than the cell's (``CELL_FLAGS``), must be
+    ``base``'s value, or the preset's where ``base`` has none. A run made before its preset
+    changed a setting (``PRESET_CHANGES``) carries the earlier value as a flag, so it belongs
+    only where ``base`` sets that value.
+    """
+    missing = object()  # a name that is no setting differs from the preset
+
+    def preset_value(name: str) -> str:
+        return str(preset.get(name.replace("-", "_"), missing))
+
+    flags = {name: value for name, value in result["overrides"].items() if name not in CELL_FLAGS}
+    return all(
+        flags.get(name, preset_value(name)) == base.get(name, preset_value(name))
+        for name in flags.keys() | base.keys()
+    )
+
+
+def ablation_table(
+    suite: Suite,
+    task: str,
+    *,
+    total_steps: int | None = None,
+    base: tuple[tuple[str, str], ...] | None = None,
+) -> list[str]:
+    """The ablation's cells for ``task``: runs of one budget and the ablation's base flags.
+
+    ``total_steps``: the runs' ``--total-steps`` (None: the preset's budget, as published);
+    ``base``: their flags besides the cell's (default: the task's ``ablation_base``). Runs of
+    another budget or with other flags are not averaged into the cells.
+    """
     cells: dict[tuple[str, str, str], list[dict]] = {}
-    # a run made before its preset changed a setting (PRESET_CHANGES) belongs to the cells
-    # only where the ablation's base sets that setting to the earlier value
-    base = dict(TASKS[task].ablation_base)
+    base_flags = dict(TASKS[task].ablation_base if base is None else base)
     preset = preset_settings(TASKS[task].preset)
     for r in suite.runs.values():
         o = r["overrides"]
         if r["task"] != task or r["returncode"] != 0 or r.get("code"):
             continue  # (a run of earlier code computed other sums: CODE_CHANGES)
-        if not set(CELL_FLAGS) <= o.keys():
+        if not set(CELL_FLAGS) <= o.keys() or r.get("total_steps_override") != total_steps:
             continue
-        if any(
-            base.get(name, str(preset[name.replace("-", "_")])) != value
-            for name, value in r.get("from_preset", {}).items()
-        ):
+        if not in_cell(r, base_flags, preset):
             continue
         cells.setdefault((o["start-state"], o["sequence-length"], o["burn-in"]), []).append(r)
     if not cells:
@@ -851,8 +920,8 @@ def report(suite: Suite, results_page: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="*", default=[], choices=sorted(TASKS))
-    parser.add_argument("--ablation", nargs="*", default=[], choices=sorted(TASKS))
+    parser.add_argument("--tasks", nargs="+", default=[], choices=sorted(TASKS))
+    parser.add_argument("--ablation", nargs="+", default=[], choices=sorted(TASKS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--ablation-steps", type=int, default=None, help="budget per run")
     parser.add_argument(
@@ -887,6 +956,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
+    if repeated or min(args.seeds) < 0:
+        parser.error(f"--seeds must be distinct integers >= 0, got {args.seeds}")
+    for name, given, needs, asked in (
+        ("--ablation-steps", args.ablation_steps is not None, "--ablation", args.ablation),
+        ("--identical", args.identical, "--ablation", args.ablation),
+        ("--flags", bool(args.flags), "--tasks", args.tasks),
+    ):
+        if given and not asked:
+            parser.error(f"{name} applies to the {needs} runs, and none were asked for")
+    if args.ablation_steps is not None and args.ablation_steps < 1:
+        parser.error(f"--ablation-steps must be >= 1, got {args.ablation_steps}")
+    if not (args.tasks or args.ablation or args.import_run or args.report or args.quick):
+        parser.error("nothing to do: give --tasks, --ablation, --import-run, --report or --quick")
+    if args.report and args.output not in (None, "memory_suite"):
+        parser.error(
+            "--report writes docs/results.md from results/memory_suite.json, the published "
+            f"runs; it does not take --output (got {args.output!r})"
+        )
     output = args.output or ("memory_suite_quick" if args.quick else "memory_suite")
     suite = Suite.load(RESULTS / f"{output}.json")
     if args.quick and (args.tasks or args.ablation or args.import_run or args.report):
@@ -903,12 +991,30 @@ def main(argv: list[str] | None = None) -> int:
         )
         runs = [Run("poc-memory", 0, flags, 1024)]
         failures = run_all(runs, suite, 1, rerun=True)
-        print("\n".join(ablation_table(suite, "poc-memory")))
+        print("\n".join(ablation_table(suite, "poc-memory", total_steps=1024, base=flags[3:])))
         return 1 if failures else 0
     for task, seed, directory in args.import_run:
         if task not in TASKS:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
+        if not seed.isdigit():
+            parser.error(f"--import-run: SEED must be an integer >= 0, got {seed!r}")
         result = import_run(task, int(seed), Path(directory))
+        # the suite's own run of the same settings on this CPU model took the same path:
+        # the same measurement, never counted twice
+        same = [
+            k
+            for k, r in suite.runs.items()
+            if not imported(r)
+            and r.get("returncode") == 0
+            and r.get("cpu") == result["cpu"]
+            and identity(r) == identity(result)
+        ]
+        if same:
+            print(
+                f"--import-run {task} {seed} {directory}: not imported; the suite's run "
+                f"{same[0]!r} has its settings on this CPU model (the same path)"
+            )
+            continue
         # keyed by its settings and CPU too: a run with other settings, or made on another
         # CPU model (where the same seed takes another path), never replaces another's; an
         # import of the same settings on the same CPU model replaces the earlier one (the
@@ -938,10 +1044,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"--flags must not set --{name}: the suite sets it for each run (use --seeds, "
                 "--tasks or --ablation-steps)"
             )
+    for task in args.tasks:  # each run's settings as rppo-train will check them, up front
+        check_settings(parser, task, flags)
     runs = [Run(task, seed, flags) for task in args.tasks for seed in args.seeds]
     for task in args.ablation:
         runs += ablation_runs(task, args.seeds, args.ablation_steps, args.identical)
     failures = run_all(runs, suite, args.jobs, args.rerun) if runs else 0
+    for task in args.ablation:  # this budget's cells (--report publishes the preset's)
+        print("\n".join(ablation_table(suite, task, total_steps=args.ablation_steps)))
     if args.report:
         report(suite, DOCS / "results.md")
     return 1 if failures else 0

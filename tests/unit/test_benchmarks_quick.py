@@ -251,7 +251,8 @@ def test_memory_suite_ablation_commands_parse_as_rppo_train_takes_them() -> None
 def test_memory_suite_runs_a_failed_run_again(tmp_path: Path) -> None:
     """A run that failed is not done: the next invocation runs it again (and fails again)."""
     output = str(tmp_path / "failing")
-    args = ("--tasks", "poc-memory", "--seeds", "0", "--flags", "--hidden-size 0")
+    # settings rppo-train accepts, and a device the run then refuses
+    args = ("--tasks", "poc-memory", "--seeds", "0", "--flags", "--device meta")
     for _ in range(2):
         done = subprocess.run(
             [sys.executable, str(REPO / "benchmarks" / "memory_suite.py"), *args,
@@ -473,6 +474,125 @@ def test_memory_suite_refuses_a_flag_that_is_no_setting(capsys: pytest.CaptureFi
     assert "--hiden-size is no rppo-train setting" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "nothing to do"),
+        (["--tasks", "poc-memory", "--seeds", "0", "0"], "--seeds must be distinct integers >= 0"),
+        (["--tasks", "poc-memory", "--seeds", "-1"], "--seeds must be distinct integers >= 0"),
+        (["--flags", "--epochs 2"], "--flags applies to the --tasks runs, and none were asked"),
+        (["--ablation-steps", "9"], "--ablation-steps applies to the --ablation runs"),
+        (["--report", "--output", "mine"], "--report writes docs/results.md"),
+        (["--import-run", "poc-memory", "x", "."], "SEED must be an integer >= 0, got 'x'"),
+        # rppo-train's own checks of each run's settings, before any run
+        (["--tasks", "poc-memory", "--flags", "--hidden-size 0"], "--hidden-size must be"),
+        (["--tasks", "poc-memory", "--flags", "--epochs two"], "invalid int value: 'two'"),
+    ],
+)
+def test_memory_suite_refuses_what_would_do_nothing_or_fail(
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    memory_suite = _memory_suite()
+    # where a refusal fails, the runs and the report go here, not to the published files
+    monkeypatch.setattr(memory_suite, "RESULTS", tmp_path)
+    monkeypatch.setattr(memory_suite, "DOCS", tmp_path)
+    monkeypatch.setattr(memory_suite, "run_all", lambda *args: 0)
+    with pytest.raises(SystemExit) as stop:
+        memory_suite.main(args)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def _finished_run(directory: Path, config: dict) -> Path:
+    """A finished run's files, as rppo-train writes them, with ``config``."""
+    directory.mkdir()
+    summary = {"config": config, "eval_return_mean": 1.0, "eval_return_std": 0.0}
+    (directory / "summary.json").write_text(
+        json.dumps({**summary, "env_steps": 8, "wall_time_s": 1})
+    )
+    (directory / "metrics.csv").write_text("env_steps,wall_time_s,episode_return_mean\n8,1.0,1.1\n")
+    return directory
+
+
+def test_memory_suite_imports_only_runs_of_the_tasks_env_and_budget(tmp_path: Path) -> None:
+    """A run of another env or budget is refused by name: the task's row is scored against
+    its target and shows its budget (a CartPole run scored 16.8 against PocMemory's 1)."""
+    memory_suite = _memory_suite()
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    config = {**vars(TrainConfig()), **load_yaml("poc_memory", preset=True), "seed": 0}
+    for name, value in (("env", "rppo_td/CartPoleNoVel-v1"), ("total_steps", 4096)):
+        run = _finished_run(tmp_path / name, {**config, name: value})
+        with pytest.raises(SystemExit, match=rf"trained {name}={value!r}, and poc-memory's"):
+            memory_suite.import_run("poc-memory", 0, run)
+    broken = _finished_run(tmp_path / "broken", config)
+    (broken / "metrics.csv").write_text("garbage\n")
+    with pytest.raises(SystemExit, match=r"is not rppo-train's metrics\.csv"):
+        memory_suite.import_run("poc-memory", 0, broken)
+    (broken / "metrics.csv").unlink()
+    with pytest.raises(SystemExit, match=r"metrics\.csv is not there"):
+        memory_suite.import_run("poc-memory", 0, broken)
+    (broken / "summary.json").write_text("{")
+    with pytest.raises(SystemExit, match="is not rppo-train's JSON"):
+        memory_suite.import_run("poc-memory", 0, broken)
+
+
+def test_memory_suite_never_imports_a_run_it_made_itself(tmp_path: Path) -> None:
+    """The suite's own run of a seed and settings on this CPU model is the same measurement
+    as an import of them (the same path): it is not recorded, nor counted, twice."""
+    memory_suite = _memory_suite()
+    from _common import cpu_model  # type: ignore[import-not-found]
+
+    from rppo_td.train import TrainConfig
+    from rppo_td.train._cli import load_yaml
+
+    output = "test_memory_suite_import_own"
+    path = RESULTS / f"{output}.json"
+    own = {"task": "poc-memory", "seed": 0, "returncode": 0, "overrides": {}}
+    own |= {"total_steps_override": None, "cpu": cpu_model(), "command": "-m rppo_td.train"}
+    path.write_text(json.dumps({"runs": {"poc-memory seed=0": own}}))
+    config = {**vars(TrainConfig()), **load_yaml("poc_memory", preset=True), "seed": 0}
+    run = _finished_run(tmp_path / "run", config)
+    try:
+        memory_suite.main(["--output", output, "--import-run", "poc-memory", "0", str(run)])
+        assert list(json.loads(path.read_text())["runs"]) == ["poc-memory seed=0"]
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_memory_suite_ablation_cells_hold_one_budget_and_the_ablations_flags(
+    tmp_path: Path,
+) -> None:
+    """Runs of a shorter budget, or with flags besides the cell's and the ablation's base, are
+    not averaged into the published cells (1,024-step runs were, beside 30,000-step ones)."""
+    memory_suite = _memory_suite()
+    base = dict(memory_suite.TASKS["poc-memory"].ablation_base)
+    cell = {**base, "start-state": "stored", "sequence-length": "8", "burn-in": "0"}
+    run = {"task": "poc-memory", "returncode": 0, "finished": "2026-12-05", "curve": []}
+    run |= {"steps_to_target": 5000}
+    suite = memory_suite.Suite(tmp_path / "suite.json")
+    suite.runs["full"] = {**run, "seed": 0, "overrides": cell, "eval_return": 1.0}
+    suite.runs["short"] = {
+        **run, "seed": 0, "overrides": cell, "eval_return": -0.6, "total_steps_override": 1024
+    }  # fmt: skip
+    suite.runs["other flags"] = {
+        **run, "seed": 1, "overrides": {**cell, "epochs": "1"}, "eval_return": -0.6
+    }  # fmt: skip
+    suite.runs["no base"] = {
+        **run, "seed": 2, "overrides": {k: cell[k] for k in memory_suite.CELL_FLAGS},
+        "eval_return": -0.6,
+    }  # fmt: skip
+    published = "\n".join(memory_suite.ablation_table(suite, "poc-memory"))
+    assert "| stored | 0 | " in published and "1 · 1/1 · 5k" in published
+    short = "\n".join(memory_suite.ablation_table(suite, "poc-memory", total_steps=1024))
+    assert "-0.6 · 0/1 · 5k" in short and "1 · 1/1" not in short
+
+
 def test_a_published_result_is_never_overwritten(tmp_path: Path, monkeypatch) -> None:
     # before: a partial pipeline.py run (--shape 256x128) replaced pipeline_cpu.json, whose
     # figures the README cites
@@ -489,6 +609,8 @@ def test_a_published_result_is_never_overwritten(tmp_path: Path, monkeypatch) ->
     assert second.name.startswith("pipeline_cpu-") and json.loads(second.read_text())["run"] == 2
     _common.write_json("pipeline_quick", {"run": 1})
     assert _common.write_json("pipeline_quick", {"run": 2}) == tmp_path / "pipeline_quick.json"
+    # --output may name folders (it was a FileNotFoundError after the whole run)
+    assert _common.write_json("sub/dir/x", {"run": 1}) == tmp_path / "sub" / "dir" / "x.json"
     # bad settings are refused by their flag's name before any work
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "pipeline.py"), "--repeats", "0"],
