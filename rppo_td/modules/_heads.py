@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-__all__ = ["ActionHead", "MultiCategorical", "make_action_head"]
+__all__ = ["ActionHead", "MultiCategorical", "action_center", "make_action_head"]
 
 
 class MultiCategorical:
@@ -94,13 +94,21 @@ class ActionHead(nn.Module):
     and ``mode`` (the deterministic action). Actions are int64 ``[*B]`` (Discrete), int64
     ``[*B, K]`` (MultiDiscrete) or float32 ``[*B, D]`` (Box, unclipped; the env loop clips).
 
+    A Box head's mean is the linear layer's output plus ``center`` (``[D]``), so the first
+    actions are sampled about the middle of the space: with bounds ``[5, 6]`` a mean about 0
+    had every sample clipped to 5, and every action the same to the env.
+
     Args:
         kind: ``"discrete"``, ``"multi_discrete"`` or ``"box"``.
         in_features: ``H``.
         sizes: category counts (``[n]`` or ``nvec``), or ``[D]`` for a Box.
+        center: ``[D]`` float, a Box's ``action_center`` (default zeros); not a parameter,
+            nor in the state dict (it follows from the space).
     """
 
-    def __init__(self, kind: str, in_features: int, sizes: list[int]) -> None:
+    def __init__(
+        self, kind: str, in_features: int, sizes: list[int], center: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.kind = kind
         self.sizes = sizes
@@ -110,6 +118,10 @@ class ActionHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
         if kind == "box":
             self.log_std = nn.Parameter(torch.zeros(sizes[0]))
+            zero = torch.zeros(sizes[0])
+            self.register_buffer(
+                "center", zero if center is None else center.to(zero), persistent=False
+            )
 
     def forward(self, features: torch.Tensor):
         """Returns the distribution (see the class docstring)."""
@@ -118,7 +130,21 @@ class ActionHead(nn.Module):
             return _Categorical(out)
         if self.kind == "multi_discrete":
             return MultiCategorical(out, self.sizes)
-        return _DiagonalNormal(out, self.log_std)
+        return _DiagonalNormal(out + self.center, self.log_std)
+
+
+def action_center(space: gym.spaces.Box) -> torch.Tensor:
+    """``[D]`` float32: where a Box head's first actions are centred, per dimension.
+
+    The middle of ``[low, high]`` where both are finite; else 0 clipped into the bounds (the
+    finite bound where 0 lies outside them). Symmetric spaces (Pendulum's ``[-2, 2]``) give 0.
+    """
+    low = np.asarray(space.low, dtype=np.float64)
+    high = np.asarray(space.high, dtype=np.float64)
+    finite = np.isfinite(low) & np.isfinite(high)
+    middle = np.where(finite, (np.where(finite, low, 0) + np.where(finite, high, 0)) / 2, 0.0)
+    center = np.where(finite, middle, np.clip(0.0, low, high))
+    return torch.as_tensor(center, dtype=torch.float32)
 
 
 _USE_MAKE_ENV = "rppo_td.envs.make_env shows the env through spaces the agent supports"
@@ -157,7 +183,7 @@ def make_action_head(space: gym.Space, in_features: int) -> ActionHead:
             )
         if space.shape[0] == 0:
             raise ValueError(f"action space {space} has no entries")
-        return ActionHead("box", in_features, [int(space.shape[0])])
+        return ActionHead("box", in_features, [int(space.shape[0])], action_center(space))
     raise ValueError(
         f"action space {space} is not supported: use Discrete, 1-D MultiDiscrete or 1-D float "
         f"Box; {_USE_MAKE_ENV} (it converts MultiBinary and multi-dimensional spaces)"

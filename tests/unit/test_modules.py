@@ -834,3 +834,31 @@ def test_the_primer_refuses_an_env_taking_one_hot_actions():
     indices.append_transform(InitTracker())
     indices.append_transform(recurrent_state_primer(net))
     assert indices.reset()["recurrent_state_h"].shape == (1, 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    low=st.one_of(st.floats(-1e3, 1e3), st.just(-np.inf)),
+    width=st.one_of(st.floats(0.1, 1e3), st.just(np.inf)),
+    seed=st.integers(0, 2**16),
+)
+@example(low=-2.0, width=4.0, seed=0)  # Pendulum's
+@example(low=5.0, width=1.0, seed=0)
+def test_box_actions_start_inside_their_bounds(low, width, seed):
+    # the mean started about 0 whatever the bounds: with [5, 6] every sample was clipped to 5,
+    # every action the same to the env, and nothing was learnt
+    high = low + width if np.isfinite(low) else width - 500.0  # (-inf, inf) when width is
+    space = gym.spaces.Box(np.float32(low), np.float32(high), (2,), np.float32)
+    torch.manual_seed(seed)
+    net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (3,)), space, hidden_size=4)
+    features = torch.randn(5, net.action_head.linear.in_features)
+    out = net.action_head.linear(features)
+    mean = net.action_head(features).mode
+    if np.isfinite(low) and np.isfinite(high):
+        expected = torch.full((2,), (float(space.low[0]) + float(space.high[0])) / 2)
+    else:
+        expected = torch.full((2,), float(np.clip(0.0, space.low[0], space.high[0])))
+    torch.testing.assert_close(mean - out, expected.expand_as(out), rtol=1e-6, atol=1e-4)
+    assert "action_head.center" not in net.state_dict()  # it follows from the space
+    if float(space.low[0]) <= 0.0 <= float(space.high[0]) and low == -high:
+        assert torch.equal(mean, out)  # symmetric spaces: the arithmetic of before
