@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from typing import Any
 
 import gymnasium as gym
@@ -44,7 +46,7 @@ def resolve_env_id(env_id: str) -> str:
         if not module or not name:
             raise ValueError(f"env {env_id!r} must look like 'module:EnvId'")
         try:
-            importlib.import_module(module)
+            _import_user_module(module)
         except ImportError as err:
             raise ValueError(
                 f"env {env_id!r}: cannot import module {module!r} to register {name!r} ({err})"
@@ -65,6 +67,30 @@ def resolve_env_id(env_id: str) -> str:
             "or 'module:EnvId' to import the module that registers it."
         ) from err
     return name
+
+
+def _import_user_module(module: str) -> None:
+    """``import module``, also from the current directory, as ``python -m`` would find it.
+
+    A console script (``rppo-train``) has its own folder on ``sys.path``, not the current
+    directory, so ``--env my_envs:Id`` with ``my_envs.py`` here failed where ``python -m
+    rppo_td.train`` found it. The directory is appended (installed packages come first) and
+    stays for the run: env processes and a checkpoint's env copies import the module again.
+    """
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        top = module.split(".", 1)[0]
+        if err.name != top or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as again:
+            if again.name == top:
+                sys.path.remove(here)
+            raise
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:

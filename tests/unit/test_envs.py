@@ -123,6 +123,24 @@ def test_module_colon_id_imports_the_module():
     assert make_env(f"rppo_td.envs:{CARTPOLE_NOVEL_ID}").observation_space.shape == (2,)
 
 
+def test_module_colon_id_finds_the_module_in_the_current_directory(tmp_path, monkeypatch):
+    # rppo-train (a console script, whose sys.path lacks the current directory) could not
+    # import my_envs.py from where it was run; python -m rppo_td.train could
+    (tmp_path / "rppo_probe_cwd_envs.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('probe/CwdCartPole-v0', "
+        "entry_point='gymnasium.envs.classic_control:CartPoleEnv')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "rppo_probe_cwd_envs", raising=False)
+    assert resolve_env_id("rppo_probe_cwd_envs:probe/CwdCartPole-v0") == "probe/CwdCartPole-v0"
+    assert sys.path[-1] == str(tmp_path)  # appended: installed packages come first
+    with pytest.raises(ValueError, match="cannot import module 'rppo_probe_nowhere'"):
+        resolve_env_id("rppo_probe_nowhere:Foo-v0")
+    assert sys.path.count(str(tmp_path)) == 1
+
+
 @pytest.mark.parametrize(
     ("env_id", "message"),
     [
