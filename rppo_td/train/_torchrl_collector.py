@@ -88,9 +88,14 @@ def make_torchrl_env(
     space = probe.observation_space
     probe.close()
     if not isinstance(space, gym.spaces.Box):
+        raw = gym.make(name)  # the env's own space, before make_env's canonical one
+        own = raw.observation_space
+        raw.close()
+        # one line: a MultiDiscrete's repr spreads its array over several
         raise ValueError(
             f"--collector torchrl supports Box observations only (TorchRL names other spaces' "
-            f"keys its own way), got {space}; use --collector vector"
+            f"keys its own way); {name} observes {' '.join(str(own).split())}; use "
+            "--collector vector"
         )
     transforms: list[Transform] = [InitTracker()]
     if net.state_keys:

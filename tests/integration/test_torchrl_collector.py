@@ -378,3 +378,31 @@ def test_image_envs_reach_the_net_as_observation_either_batching(batching):
     assert "pixels" not in td.keys(include_nested=True)
     assert td["observation"].shape == (2, 6, 8, 8, 3)
     assert td["observation"][:, :3, 0, 0, 0].tolist() == [[7, 1, 2]] * 2
+
+
+def test_a_space_other_than_box_is_refused_in_one_line_naming_the_envs_own_space():
+    # MiniGrid's symbolic view (a MultiDiscrete) printed its array over two lines, and an env
+    # observing Discrete(4, start=10) was named with the agent's Discrete(4)
+    from rppo_td.train._torchrl_collector import make_torchrl_env
+
+    gym.register("probe/DiscreteStart-v0", entry_point=_DiscreteStartEnv)
+    net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2), hidden_size=4)
+    with pytest.raises(ValueError) as refused:
+        make_torchrl_env("probe/DiscreteStart-v0", net, num_workers=1)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert (
+        "probe/DiscreteStart-v0 observes Discrete(4, start=10); use --collector vector" in message
+    )
+
+
+class _DiscreteStartEnv(gym.Env):
+    observation_space = gym.spaces.Discrete(4, start=10)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 10, {}
+
+    def step(self, action):
+        return 11, 0.0, True, False, {}
