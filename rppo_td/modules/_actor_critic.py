@@ -244,7 +244,7 @@ class RecurrentActorCritic(nn.Module):
             ``recurrence="none"``.
         shared_critic: one encoder and core for both heads; False (default) gives the critic
             its own, so value-loss gradients never move the policy's features.
-        normalize_observations: scale float vector leaves by running statistics
+        normalize_observations: scale float and integer vector leaves by running statistics
             (``ObservationNormalizer``, ``self.normalizer``). Off by default: its statistics
             change only in ``net.normalizer.update(rollout)``, which ``rppo-train`` calls
             after each PPO update and a loop of one's own must call the same way; never

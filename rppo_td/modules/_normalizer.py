@@ -12,9 +12,10 @@ __all__ = ["ObservationNormalizer"]
 
 
 class ObservationNormalizer(nn.Module):
-    """Scales float vector observation leaves by running statistics, optionally centring them.
+    """Scales vector observation leaves by running statistics, optionally centring them.
 
-    Leaves that are float ``Box`` spaces (not images) are mapped to
+    Leaves that are float or integer ``Box`` spaces (not images; an integer vector, such as
+    counts in ``[0, 1000]``, reached the network raw) are mapped, as float32, to
     ``clamp(x / sqrt(mean**2 + var + eps), -clip, clip)``, the running root mean square about
     zero, or with ``center=True`` to ``clamp((x - mean) / sqrt(var + eps), -clip, clip)``;
     other leaves pass through. The statistics start at mean 0, variance 1 and are buffers
@@ -59,7 +60,9 @@ class ObservationNormalizer(nn.Module):
         self.keys = [
             key
             for key, space in leaves
-            if isinstance(space, gym.spaces.Box) and not is_image(space) and space.dtype.kind == "f"
+            if isinstance(space, gym.spaces.Box)
+            and not is_image(space)
+            and space.dtype.kind in "fiu"  # not bool
         ]
         self.shapes: dict = {
             key: tuple(space.shape or ()) for key, space in leaves if key in self.keys
@@ -94,7 +97,7 @@ class ObservationNormalizer(nn.Module):
                 getattr(self, f"scale_{i}").copy_((mean.square() + var).add(1e-8).rsqrt())
 
     def forward(self, obs: TensorDictBase) -> TensorDictBase:
-        """Obs with batch ``[*B]`` -> a shallow copy with the float leaves normalised."""
+        """Obs with batch ``[*B]`` -> a shallow copy with the vector leaves normalised (float32)."""
         if not self.keys:
             return obs
         out = obs.copy()

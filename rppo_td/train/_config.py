@@ -181,8 +181,8 @@ class TrainConfig:
         default=False,
     )
     normalize_observations: bool = _doc(
-        "scale float vector (Box) observations by running stats (their root mean square "
-        "about zero, or with center_observations their standard deviation); discrete "
+        "scale float and integer vector (Box) observations by running stats (their root mean "
+        "square about zero, or with center_observations their standard deviation); discrete "
         "(one-hot encoded) and uint8 image observations pass through unchanged",
         default=True,
     )

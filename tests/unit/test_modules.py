@@ -309,6 +309,28 @@ def test_observation_normalizer_running_statistics(center, scale, offset, split,
     assert torch.equal(td["observation", "0"], x)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64])
+@pytest.mark.parametrize("center", [False, True])
+def test_integer_vectors_are_normalised_as_float_ones_are(dtype, center):
+    # an integer Box vector (counts in [0, 1000]) reached the network raw
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    space = gym.spaces.Box(0, 200, (3,), dtype)
+    as_float = gym.spaces.Box(0, 200, (3,), np.float32)
+    ints = ObservationNormalizer(observation_leaves(space), center=center)
+    floats = ObservationNormalizer(observation_leaves(as_float), center=center)
+    assert ints.keys == ["observation"]
+    data = torch.randint(0, 200, (64, 3), generator=torch.Generator().manual_seed(0))
+    for norm, x in ((ints, data.to(getattr(torch, np.dtype(dtype).name))), (floats, data.float())):
+        norm.update(TensorDict({"observation": x}, [64]))
+    x = data.to(getattr(torch, np.dtype(dtype).name))
+    out = ints(TensorDict({"observation": x}, [64]))["observation"]
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(
+        out, floats(TensorDict({"observation": data.float()}, [64]))["observation"]
+    )
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_policy_equals_actor_then_critic(shared):
     net = RecurrentActorCritic(BOX, ACTIONS["box"], hidden_size=8, shared_critic=shared)
