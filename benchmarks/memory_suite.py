@@ -639,10 +639,14 @@ def _spread(values: list[float]) -> str:
 
 
 def _median_or_dash(values: list, fmt: str) -> str:
+    """The median of the values given (None: a seed that never got there), and their range."""
     real = [v for v in values if v is not None]
     if not real:
         return "-"
-    return format(statistics.median(real), fmt)
+    median = format(statistics.median(real), fmt)
+    if len(real) == 1:
+        return median
+    return f"{median} ({format(min(real), fmt)} to {format(max(real), fmt)})"
 
 
 # runs that finished before this were trained with the policy head affine in the core's
@@ -696,8 +700,8 @@ def task_table(suite: Suite) -> list[str]:
     lines = [
         "| task | flags over the preset | target | budget | final eval: mean (min to max) "
         "[per seed] | final eval >= target (95% Wilson interval of the rate) | training "
-        "return reached target | median env steps to target (the seeds that reached it) | "
-        "median s to target (the same seeds) | median run s |",
+        "return reached target | env steps to target: median (min to max) over the seeds that "
+        "reached it | s to target: median (min to max), the same seeds | median run s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, flags, results in task_groups(suite):
