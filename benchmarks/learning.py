@@ -94,6 +94,10 @@ def main() -> int:
         "--output", default=None, help="results name (default learning-<UTC time>-<pid>)"
     )
     args = parser.parse_args()
+    for name in ("seeds", "control_seeds"):
+        given = getattr(args, name) or []
+        if any(seed < 0 for seed in given) or len(set(given)) < len(given):
+            parser.error(f"--{name.replace('_', '-')} must be distinct integers >= 0, got {given}")
     if args.seeds is None:  # a flag given wins over --quick
         args.seeds = [0] if args.quick else [0, 1, 2, 3, 4]
     if args.control_seeds is None:

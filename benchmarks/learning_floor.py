@@ -35,12 +35,19 @@ from rppo_td.train import TrainConfig, Trainer
 
 
 def newest_sb3_seconds() -> float | None:
-    """sb3-contrib's training seconds in the newest ``peer_sb3-*.json``, if there is one."""
+    """sb3-contrib's training seconds in the newest ``peer_sb3-*.json``, if there is one.
+
+    Measured in another run (on this machine only if that file was written here): the file is
+    named in the output.
+    """
     files = sorted(RESULTS.glob("peer_sb3-*.json"))
     if not files:
         return None
     rows = json.loads(files[-1].read_text()).get("rows", {})
-    return rows.get("sb3-contrib RecurrentPPO", {}).get("wall_time_s")
+    seconds = rows.get("sb3-contrib RecurrentPPO", {}).get("wall_time_s")
+    if seconds is not None:
+        print(f"sb3-contrib's seconds from {files[-1].relative_to(RESULTS.parent.parent)}")
+    return seconds
 
 
 def main() -> None:

@@ -385,7 +385,14 @@ def _evaluate_and_record(
             raise
     finally:
         env.close()
-    log.info("wrote %s: %d episodes, %d frames at %g fps", path, episodes, writer.frames, fps)
+    log.info(
+        "wrote %s: %d episode%s, %d frames at %g fps",
+        path,
+        episodes,
+        "" if episodes == 1 else "s",
+        writer.frames,
+        fps,
+    )
     video = {
         "video": str(path),
         "video_episodes": episodes,

@@ -85,6 +85,8 @@ def check_video_path(path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"--video {str(path)!r} is a directory; give a file name")
     if suffix not in VIDEO_SUFFIXES:
         got = repr(out.suffix) if out.suffix else "no suffix"
+        if not out.suffix and out.name.lower() in (".gif", ".mp4"):
+            got += f" ({out.name!r} is a hidden file's whole name; give a name before it)"
         raise ValueError(
             f"--video {str(path)!r}: the suffix must be .gif or .mp4 (it chooses the format), "
             f"got {got}"

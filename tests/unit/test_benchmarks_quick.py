@@ -624,6 +624,17 @@ def test_a_published_result_is_never_overwritten(tmp_path: Path, monkeypatch) ->
     assert "argument --repeats: expected an int >= 1, got 0" in done.stderr
 
 
+@pytest.mark.parametrize("seeds", [["-1"], ["0", "0"]])
+def test_learning_refuses_seeds_before_any_run(seeds: list[str]) -> None:
+    # a seed of -1 failed its run, and the script still wrote a dated JSON of "0/0 seeds"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "learning.py"), "--seeds", *seeds],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"--seeds must be distinct integers >= 0, got [{', '.join(seeds)}]" in done.stderr
+
+
 def test_quick_keeps_the_flags_given() -> None:
     """``--quick`` fills in only what the command line left out."""
     data = run_script_json(

@@ -162,7 +162,8 @@ def test_refusals_before_anything_runs(poc_checkpoint, tmp_path, capsys, monkeyp
     assert "the suffix must be .gif or .mp4" in refused("--video", str(tmp_path / "x.avi"))
     assert "suffix must be .gif or .mp4" in refused("--video", str(tmp_path / "x"))
     assert "got no suffix" in refused("--video", str(tmp_path / "x"))
-    assert "got no suffix" in refused("--video", str(tmp_path / ".gif"))  # a hidden file's name
+    hidden = refused("--video", str(tmp_path / ".gif"))  # a hidden file's name: said so
+    assert "got no suffix ('.gif' is a hidden file's whole name; give a name before it)" in hidden
     assert "--video is empty" in refused("--video", "")
     (tmp_path / "folder.gif").mkdir()
     assert "is a directory" in refused("--video", str(tmp_path / "folder.gif"))
