@@ -245,17 +245,26 @@ def test_fast_path_equals_step_mode_modules(case):
             torch.testing.assert_close(fast_final[key], slow_final[key], atol=1e-5, rtol=1e-5)
 
 
-def test_torchrl_lstm_module_takes_the_step_mode_path():
+def _torchrl_lstm_rollout(steps, done_at, layers=1, dropout=0.0, stored=torch.zeros):
+    """A TorchRL ``LSTMModule`` (2 inputs, hidden 3) with a head, and a ``[2, steps]`` rollout
+    for it: ``(lstm, module, rollout)``; ``done_at`` lists ``(worker, time)`` dones."""
     from tensordict.nn import TensorDictModule, TensorDictSequential
     from torchrl.modules import LSTMModule
 
     torch.manual_seed(0)
-    lstm = LSTMModule(input_size=2, hidden_size=3, in_key="observation", out_key="features")
+    lstm = LSTMModule(
+        input_size=2,
+        hidden_size=3,
+        num_layers=layers,
+        dropout=dropout,
+        in_key="observation",
+        out_key="features",
+    )
     head = TensorDictModule(torch.nn.Linear(3, 1), ["features"], ["v"])
-    module = TensorDictSequential(lstm, head)
-    workers, steps = 2, 7
+    workers = 2
     done = torch.zeros(workers, steps, 1, dtype=torch.bool)
-    done[0, 3] = True
+    for w, t in done_at:
+        done[w, t] = True
     is_init = torch.zeros_like(done)
     is_init[:, 1:] = done[:, :-1]
     is_init[:, 0] = True
@@ -263,12 +272,19 @@ def test_torchrl_lstm_module_takes_the_step_mode_path():
         {
             "observation": torch.randn(workers, steps, 2),
             "is_init": is_init,
-            "recurrent_state_h": torch.zeros(workers, steps, 1, 3),
-            "recurrent_state_c": torch.zeros(workers, steps, 1, 3),
+            "recurrent_state_h": stored(workers, steps, layers, 3),
+            "recurrent_state_c": stored(workers, steps, layers, 3),
             "next": {"done": done},
         },
         batch_size=[workers, steps],
     )
+    return lstm, TensorDictSequential(lstm, head), td
+
+
+def test_torchrl_lstm_module_takes_the_step_mode_path():
+    lstm, module, td = _torchrl_lstm_rollout(7, [(0, 3)])
+    workers, steps = td.batch_size
+    is_init = td["is_init"]
     td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(td))
     out = SequenceStartStates(module, start_state="refreshed")(td)
     # the reference: the LSTM over each row, restarting at the episode start
@@ -325,34 +341,8 @@ def test_refusals_name_the_setting():
 def test_dropout_is_off_while_states_are_computed(start_state, burn_in):
     # a module in training mode (as during an update) with dropout drew random numbers: each
     # call gave other start states
-    from tensordict.nn import TensorDictModule, TensorDictSequential
-    from torchrl.modules import LSTMModule
-
-    torch.manual_seed(0)
-    lstm = LSTMModule(
-        input_size=2,
-        hidden_size=3,
-        num_layers=2,
-        dropout=0.5,
-        in_key="observation",
-        out_key="features",
-    )
-    head = TensorDictModule(torch.nn.Linear(3, 1), ["features"], ["v"])
-    module = TensorDictSequential(lstm, head).train()
-    workers, steps = 2, 9
-    done = torch.zeros(workers, steps, 1, dtype=torch.bool)
-    is_init = torch.zeros_like(done)
-    is_init[:, 0] = True
-    td = TensorDict(
-        {
-            "observation": torch.randn(workers, steps, 2),
-            "is_init": is_init,
-            "recurrent_state_h": torch.randn(workers, steps, 2, 3),
-            "recurrent_state_c": torch.randn(workers, steps, 2, 3),
-            "next": {"done": done},
-        },
-        batch_size=[workers, steps],
-    )
+    _, module, td = _torchrl_lstm_rollout(9, [], layers=2, dropout=0.5, stored=torch.randn)
+    module.train()
     td = SequencePadder()(SequenceChunker(sequence_length=3)(EpisodeSplitter()(td)))
     transform = SequenceStartStates(module, start_state=start_state, burn_in=burn_in)
     first, second = transform(td), transform(td)
