@@ -490,8 +490,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
                     sums, behaviour, critic, mask, count, group, self.log_explained_variance
                 )
         # every term is zero on padding already: a mean is a sum over the real steps' count
+        # (times the values each step holds: [B, Lp, A, 1] for TorchRL's agents' layout)
         if self.reduction == "mean":
-            out = {name: x.sum() / denominator for name, x in losses.items()}
+            out = {name: x.sum() / (denominator * _per_step(x, mask)) for name, x in losses.items()}
         else:
             out = {name: self._reduce_loss(x, tensordict).squeeze(-1) for name, x in losses.items()}
         td_out = TensorDict({**out, **stats}, batch_size=[])
@@ -871,22 +872,31 @@ def _masked_variance(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_mean((x - masked_mean(x, mask)).square(), mask)
 
 
+def _per_step(x: torch.Tensor, mask: torch.Tensor) -> int:
+    """How many values ``x`` ``[*B, *F]`` holds per step of ``mask`` ``[*B]``.
+
+    1 for ``[*B]`` or ``[*B, 1]``; ``A`` for TorchRL's agents' layout ``[*B, A, 1]``.
+    """
+    return max(x.numel() // max(mask.numel(), 1), 1)
+
+
 def _mean(x: torch.Tensor, mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """The mean of ``x`` ``[*B]`` or ``[*B, 1]`` over the ``count`` real steps of ``mask``."""
-    return _where(mask, x, 0.0).sum() / count
+    """The mean of ``x`` ``[*B, *F]`` over its values at the ``count`` real steps of ``mask``."""
+    return _where(mask, x, 0.0).sum() / (count * _per_step(x, mask))
 
 
 def _ratio_stats(
     log_weight: torch.Tensor, mask: torch.Tensor, count: torch.Tensor
 ) -> dict[str, torch.Tensor]:
     """ESS (normalised to ``(0, 1]``), largest and mean ratio, over the real steps."""
+    values = count * _per_step(log_weight, mask)
     log_weight = _where(mask, log_weight, -torch.inf).flatten()
-    ess = (2 * log_weight.logsumexp(0) - (2 * log_weight).logsumexp(0)).exp() / count
+    ess = (2 * log_weight.logsumexp(0) - (2 * log_weight).logsumexp(0)).exp() / values
     ratio = log_weight.exp()
     return {
         "ESS": ess,
         "max_ratio": ratio.max(),
-        "mean_ratio": ratio.sum() / count,
+        "mean_ratio": ratio.sum() / values,
     }
 
 
@@ -960,14 +970,20 @@ def _group_stats(
         target = _where(mask, critic.target.double(), 0.0)
         parts += [residual.sum(), residual.square().sum(), target.sum(), target.square().sum()]
     totals = all_reduce(torch.stack(parts), group)
+    # each sum over its values: the count of real steps times the values a step holds
+    per = [_per_step(x, mask) for x in sums.values()] + [_per_step(log_weight, mask)] * 2
+    if critic is not None and critic.was_clipped is not None:
+        per.append(_per_step(critic.was_clipped, mask))
+    if critic is not None and explained_variance:
+        per += [_per_step(critic.target, mask)] * 4
     n = count.double()
-    means = totals / n
+    means = totals / (n * torch.tensor(per, dtype=torch.float64, device=totals.device))
     stats = {name: means[i].to(dtype) for i, name in enumerate(sums)}
     k = len(sums)
     first, second = totals[k], totals[k + 1]
-    stats["ESS"] = (first.square() / second / n).to(dtype)
+    stats["ESS"] = (first.square() / second / (n * per[k])).to(dtype)
     stats["max_ratio"] = top.exp()
-    stats["mean_ratio"] = (top.double().exp() * first / n).to(dtype)
+    stats["mean_ratio"] = (top.double().exp() * means[k]).to(dtype)
     k += 2
     if clipped:
         stats["value_clip_fraction"] = means[k].to(dtype)

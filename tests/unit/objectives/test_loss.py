@@ -830,3 +830,62 @@ def test_fractional_actions_of_a_categorical_policy_are_refused():
     row, col = (~batch["loss_mask"]).nonzero()[0].tolist()
     padding["action"][row, col] = 0.5
     _loss(agent)(padding)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_agents_layout_means_over_every_agent_step(grouped, monkeypatch):
+    # TorchRL's agents' layout, values [B, Lp, A, 1] under a loss_mask [B, Lp]: every term and
+    # diagnostic was A times too large (summed over steps x agents, divided by the steps)
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor
+
+    from rppo_td.objectives import _loss
+
+    if grouped:  # the process-group path, as one rank: its all-reduces are the identity
+        monkeypatch.setattr(_loss, "resolve_group", lambda group: (object(), 1))
+        monkeypatch.setattr(_loss, "all_reduce", lambda x, group, op=None: x.detach().clone())
+    b, lp, a = 3, 4, 3
+    torch.manual_seed(0)
+    net = TensorDictModule(
+        torch.nn.Linear(3, 3), [("agents", "observation")], [("agents", "logits")]
+    )
+    actor = ProbabilisticActor(
+        net, in_keys=[("agents", "logits")], out_keys=[("agents", "action")],
+        distribution_class=torch.distributions.Categorical, return_log_prob=True,
+        log_prob_key=("agents", "action_log_prob"),
+    )  # fmt: skip
+    critic = TensorDictModule(
+        torch.nn.Linear(3, 1), [("agents", "observation")], [("agents", "state_value")]
+    )
+    agents = {
+        "observation": torch.randn(b, lp, a, 3),
+        "advantage": torch.randn(b, lp, a, 1),
+        "value_target": torch.randn(b, lp, a, 1),
+    }
+    mask = torch.tensor([[True] * 4, [True, True, False, False], [True, False, False, False]])
+    td = TensorDict({"agents": TensorDict(agents, [b, lp, a]), "loss_mask": mask}, [b, lp])
+    with torch.no_grad():
+        td = critic(actor(td))
+    td["agents", "action_log_prob"] += 0.5 * torch.randn(b, lp, a)  # a policy that moved
+    td["agents", "state_value"] += 0.5 * torch.randn(b, lp, a, 1)  # and a critic
+    keys = {
+        "advantage": ("agents", "advantage"),
+        "value_target": ("agents", "value_target"),
+        "value": ("agents", "state_value"),
+    }
+    ours = RecurrentPPOLoss(actor, critic, clip_value=0.2)
+    ours.set_keys(**keys)
+    theirs = ClipPPOLoss(actor, critic, clip_value=0.2)  # on the real steps alone
+    theirs.set_keys(**keys)
+    out, real = ours(td), theirs(td[mask].unsqueeze(0))
+    names = ("loss_objective", "loss_entropy", "loss_critic", "clip_fraction", "kl_approx")
+    for name in (*names, "entropy", "value_clip_fraction"):
+        torch.testing.assert_close(out[name], real[name], msg=name)
+    # TorchRL's ESS of a [1, N, A] batch is a mean over dim 0 of one; ours, over every value
+    with torch.no_grad():
+        now = actor.get_dist(td).log_prob(td["agents", "action"])
+    weight = (now - td["agents", "action_log_prob"])[mask].exp()
+    assert 0 < out["ESS"] <= 1
+    torch.testing.assert_close(
+        out["ESS"], weight.sum().square() / weight.square().sum() / weight.numel()
+    )
