@@ -18,6 +18,7 @@ from torchrl.modules import set_recurrent_mode
 from torchrl.modules.distributions.utils import has_analytic_entropy
 from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
+from torchrl.objectives.value import TD0Estimator
 
 from rppo_td._distributed import all_reduce, check_process_group, resolve_group
 from rppo_td._keys import RolloutKeys, as_path
@@ -313,6 +314,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
         Returns:
             The loss itself.
         """
+        gae_names = ("gae", ValueEstimators.GAE.name.lower(), ValueEstimators.GAE.value.lower())
+        if isinstance(value_type, str) and value_type.lower() in gae_names:
+            value_type = ValueEstimators.GAE  # TorchRL's string alias: the same estimator
         if value_type not in (None, ValueEstimators.GAE, GAEEstimator):
             # TorchRL's PPOLoss returns None from this branch: the loss itself, as documented
             super().make_value_estimator(value_type, **hyperparams)
@@ -356,6 +360,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
             return self._masked_forward(tensordict)
 
     def _masked_forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if tensordict.batch_dims == 0:
+            # the padding helpers index the batch's positions: one failed in view() of ()
+            raise ValueError(
+                "RecurrentPPOLoss needs a batch of steps ([B] or sequences [B, Lp]), got batch "
+                "size [] (a single step); give td.unsqueeze(0)"
+            )
         if tensordict.batch_size.numel() == 0:  # (TensorDict.numel() says 1 for [0, Lp])
             # before any collective: torch's max() of the empty ratios failed naming nothing
             raise ValueError(
@@ -372,6 +382,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 raise RuntimeError(
                     f"{keys.advantage!r} is missing and there is no critic to compute it"
                 )
+            self._check_estimator_input(tensordict)
             self.value_estimator(
                 tensordict,
                 params=self._cached_critic_network_params_detached,
@@ -709,6 +720,34 @@ class RecurrentPPOLoss(ClipPPOLoss):
         params = self.critic_network_params if self.functional else None
         return functional_parameters(params, self.critic_network)
 
+    def _check_estimator_input(self, tensordict: TensorDictBase) -> None:
+        """Refuses padded sequences without ``advantage`` where the estimator would misuse them.
+
+        rppo_td's ``GAEEstimator`` works on ``[W, T]`` rollouts, where each episode is whole;
+        TorchRL's recursive estimators (TD(1), TD(lambda), V-trace, TorchRL's own GAE, as the
+        string ``"gae"`` gives it) run through the padding, so padded rewards would reach the
+        real steps' advantages. TD(0) reads one step at a time and is left alone.
+        """
+        keys = self.tensor_keys
+        mask = tensordict.get(keys.loss_mask, None)
+        estimator = self.value_estimator
+        if mask is None or isinstance(estimator, TD0Estimator):
+            return
+        missing = f"{keys.advantage!r} is missing from these padded sequences"
+        before = (
+            "compute it on the [W, T] rollout before SequencePadder (rppo_td.GAE, or "
+            "loss.value_estimator(rollout)), where every episode is whole"
+        )
+        if isinstance(estimator, GAEEstimator):
+            raise MissingKeyError(f"{missing}: {before}")
+        if not bool(mask.all()):
+            raise ValueError(
+                f"{missing}, and {type(estimator).__name__} would run its recursion over time "
+                f"through their padding ({keys.loss_mask!r} is False at "
+                f"{int((~mask).sum())} positions): padded rewards would reach the real steps' "
+                f"advantages; {before}, or use make_value_estimator(ValueEstimators.TD0)"
+            )
+
     def _mask(self, tensordict: TensorDictBase) -> torch.Tensor:
         """``loss_mask`` ``[*B]`` bool, or all True where the input has none."""
         key = self.tensor_keys.loss_mask
@@ -785,7 +824,14 @@ def _check_per_step(key: NestedKey, x: torch.Tensor, batch: torch.Size) -> None:
 
 
 def _finite(value: object) -> TypeGuard[float]:
-    """A real number (not a bool) that is finite."""
+    """A real number (not a bool) that is finite.
+
+    Also a one-number real tensor, which ``ClipPPOLoss`` takes as a coefficient.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool or value.is_complex():
+            return False
+        value = value.item()
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -382,6 +382,55 @@ def test_make_value_estimator_returns_the_loss_for_every_estimator():
         assert loss.make_value_estimator(kind, gamma=0.9) is loss
 
 
+def test_padded_sequences_without_advantage_reach_no_estimator_that_misuses_them():
+    # TorchRL's "gae" alias gave TorchRL's GAE, which (as TD(lambda) and V-trace) ran its
+    # recursion through the padding: padded rewards moved loss_objective from 2.31 to -44.45
+    from torchrl.objectives.utils import ValueEstimators
+
+    from rppo_td import GAEEstimator
+
+    agent = make_agent("lstm")
+    batch = _padded(agent).exclude("advantage")
+    batch["next"] = TensorDict(
+        {
+            "observation": torch.randn(*batch.batch_size, 2),
+            "reward": torch.randn(*batch.batch_size, 1),
+            "done": torch.zeros(*batch.batch_size, 1, dtype=torch.bool),
+            "terminated": torch.zeros(*batch.batch_size, 1, dtype=torch.bool),
+        },
+        batch.batch_size,
+    )
+    assert not batch["loss_mask"].all()
+    for alias in ("gae", "GAE", ValueEstimators.GAE):
+        loss = _loss(agent).make_value_estimator(alias, gamma=0.9)
+        assert isinstance(loss.value_estimator, GAEEstimator)
+        with pytest.raises(KeyError, match=r"'advantage' is missing .* before SequencePadder"):
+            loss(batch)
+    for recursive in (ValueEstimators.TD1, ValueEstimators.TDLambda):
+        loss = _loss(agent).make_value_estimator(recursive, gamma=0.9)
+        with pytest.raises(ValueError, match="would run its recursion over time through their"):
+            loss(batch)
+    # TD(0) reads one step at a time: padded sequences reach it
+    _loss(agent).make_value_estimator(ValueEstimators.TD0, gamma=0.9)._check_estimator_input(batch)
+
+
+def test_one_number_tensor_coefficients_are_taken_as_clipppoloss_takes_them():
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    given = _loss(agent, clip_value=CLIP_VALUE)(batch)
+    as_tensors = RecurrentPPOLoss(
+        agent.actor, agent.critic, clip_epsilon=CLIP, entropy_coeff=ENTROPY,
+        critic_coeff=torch.tensor(CRITIC), loss_critic_type="l2",
+        clip_value=torch.tensor(CLIP_VALUE),
+    )(batch)  # fmt: skip
+    for key in ("loss_objective", "loss_critic", "value_clip_fraction"):
+        torch.testing.assert_close(as_tensors[key], given[key])
+    with pytest.raises(ValueError, match="clip_value must be None"):
+        _loss(agent, clip_value=torch.tensor([0.1, 0.2]))
+    with pytest.raises(ValueError, match=r"needs a batch of steps .* got batch size \[\]"):
+        _loss(agent)(batch[0, 0])
+
+
 def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
     """entropy_coeff={head: coeff} (TorchRL's map for composite actions) weighs each head's
     entropy, over the real steps only: the padded loss equals ClipPPOLoss on the real steps."""
