@@ -28,6 +28,7 @@ __all__ = [
     "gather_ranks",
     "leave_group",
     "parameters_in_sync",
+    "settings_differences",
     "start_group",
 ]
 
@@ -185,6 +186,39 @@ def share_from_main(value: Any, ranks: Ranks) -> Any:
     box = [value if ranks.main else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+# settings a rank may hold its own value of: where it logs and how fast it runs, not what the
+# ranks train together
+RANK_OWN_SETTINGS = frozenset(
+    {"threads", "progress", "log_level", "output", "resume", "overwrite", "env_processes"}
+)
+
+
+def settings_differences(settings: dict[str, Any], ranks: Ranks) -> str | None:
+    """Where the ranks' ``settings`` differ from rank 0's, as one line; None where they agree.
+
+    Every rank calls it (one ``all_gather_object``) and gets the same answer, so all refuse
+    together: a rank with another ``num_minibatches`` or ``epochs`` waited forever in a
+    collective, another ``hidden_size`` aborted in gloo, another ``learning_rate`` or
+    ``gamma`` trained on in silence. ``RANK_OWN_SETTINGS`` are not compared.
+    """
+    if not ranks.distributed:
+        return None
+    own = {name: value for name, value in settings.items() if name not in RANK_OWN_SETTINGS}
+    gathered: list[Any] = [None] * ranks.world_size
+    dist.all_gather_object(gathered, own)
+    main = gathered[0]
+    differ = [
+        f"{name}={other.get(name)!r} on rank {rank} but {main.get(name)!r} on rank 0"
+        for rank, other in enumerate(gathered[1:], 1)
+        for name in sorted(set(main) | set(other))
+        if other.get(name) != main.get(name)
+    ]
+    if not differ:
+        return None
+    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+    return "; ".join(differ[:3]) + more
 
 
 def wait_for_ranks() -> None:

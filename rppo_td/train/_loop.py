@@ -41,6 +41,7 @@ from rppo_td.train._distributed import (
     gather_ranks,
     leave_group,
     parameters_in_sync,
+    settings_differences,
     share_from_main,
     start_group,
     wait_for_ranks,
@@ -155,6 +156,12 @@ class Trainer:
         created = None
         try:
             self.device = start_group(self.ranks, _check_device(config.device))
+            differ = settings_differences(config.to_dict(), self.ranks)
+            if differ is not None:  # every rank refuses, before anything is written
+                raise ValueError(
+                    f"the ranks were started with different settings: {differ}; start every "
+                    "rank with the same settings (flags, preset and config file)"
+                )
             self.directory = config.output_dir()
             created = None if self.directory.exists() else self.directory
             refused: Exception | None = None
@@ -693,6 +700,11 @@ class Trainer:
         """
         c = self.config
         in_sync = parameters_in_sync(self.agent) if self.ranks.distributed else True
+        if not in_sync and self.ranks.main:
+            log.warning(
+                "the ranks' parameters differ at the end of the run (summary.json: "
+                "ranks_in_sync false): rank 0's are evaluated and saved"
+            )
         evaluation = (
             evaluate_agent(
                 self.agent.cpu(), c.env, episodes=max(c.eval_episodes, 1), seed=c.seed + 10_000

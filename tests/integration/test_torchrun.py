@@ -68,6 +68,36 @@ def test_a_refused_output_directory_is_one_line_on_every_rank(run):
     assert "[rank1]" not in done.stderr and "closed by peer" not in done.stderr, done.stderr
 
 
+def test_ranks_started_with_different_settings_refuse_together(tmp_path):
+    # rank 1 with another num_minibatches waited forever in a collective; another
+    # learning_rate trained on in silence
+    script = tmp_path / "per_rank.py"
+    script.write_text(
+        "import os, sys\n"
+        "from rppo_td.train import cli\n"
+        "extra = ['--num-minibatches', '4', '--gamma', '0.9']\n"
+        "extra = extra if os.environ['RANK'] == '1' else []\n"
+        "sys.argv = ['rppo-train', *sys.argv[1:], *extra]\n"
+        "cli()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), "--preset", "smoke"]
+    command += ["--output", str(tmp_path / "run"), "--threads", "1"]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
+    assert errors, done.stderr[-3000:]
+    assert all(
+        "different settings: gamma=0.9 on rank 1 but 0.99 on rank 0; num_minibatches=4 on "
+        "rank 1 but 2 on rank 0" in line
+        for line in errors
+    ), errors
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
 def test_the_group_resumes(run):
     done = _torchrun("--resume", str(run))
     assert done.returncode == 0, done.stderr[-3000:]
