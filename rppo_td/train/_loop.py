@@ -10,6 +10,7 @@ import logging
 import math
 import pickle
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -146,6 +147,13 @@ class Trainer:
                 self._lock = lock_run_directory(run_directory)
             try:
                 checkpoint, config = _resumed_config(config, given, run_directory)
+            except ValueError as err:
+                self.release()
+                if not self.ranks.main:  # each rank reads its own copy (another node's disk)
+                    raise ValueError(
+                        f"rank {self.ranks.rank} on {socket.gethostname()}: {err}"
+                    ) from err
+                raise
             except BaseException:
                 self.release()
                 raise

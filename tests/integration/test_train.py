@@ -748,3 +748,15 @@ def test_a_finished_run_resumed_without_its_plot_gets_it(tmp_path):
     assert Trainer(config.replace(resume=str(out))).run() is not None
     assert (out / "learning_curve.png").stat().st_size > 0
     assert (out / "summary.json").exists()
+
+
+def test_a_rank_without_the_checkpoint_says_which_rank_and_host(tmp_path, monkeypatch):
+    # across machines each rank reads the run directory on its own node: rank 1 said only
+    # "no checkpoint at 'run'"
+    import socket
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = TrainConfig(resume=str(tmp_path / "run"), progress=False)
+    with pytest.raises(ValueError, match=rf"^rank 1 on {socket.gethostname()}: .*checkpoint"):
+        Trainer(config)
