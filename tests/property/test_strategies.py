@@ -281,10 +281,17 @@ def test_tests_modules_reexport_the_kit():
 
 
 def test_nothing_puts_tests_on_sys_path():
+    # --env module:EnvId imports the module from the current directory too, as python -m
+    # does: the one sys.path change the library makes, and never of tests
+    allowed = {"rppo_td/envs/_make.py": "sys.path.append(here)"}
     offenders = []
     for folder in ("benchmarks", "examples", "rppo_td", "docs"):
         for path in (ROOT / folder).rglob("*.py"):
             text = path.read_text()
+            name = str(path.relative_to(ROOT))
+            if name in allowed:
+                assert allowed[name] in text and "tests" not in text
+                text = text.replace("sys.path", "")
             if "sys.path" in text or "tests.reference" in text or "tests.strategies" in text:
-                offenders.append(str(path.relative_to(ROOT)))
+                offenders.append(name)
     assert offenders == []
