@@ -104,7 +104,12 @@ def _main(argv: list[str] | None) -> int:
         summary = trainer.run()
         trainer.leave_group()
     except KeyboardInterrupt:
-        if trainer.counters["update"] == trainer.num_updates:
+        if trainer.summary_written:
+            _error(
+                "interrupted after the run finished: its summary.json is written, in "
+                f"{str(trainer.directory)!r}"
+            )
+        elif trainer.counters["update"] == trainer.num_updates:
             _error(
                 "interrupted during the final evaluation; the checkpoint of the last update "
                 f"is kept: --resume {trainer.directory} evaluates it"

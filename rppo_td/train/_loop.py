@@ -137,6 +137,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
         self._lock = None
+        self.summary_written = False
         # under torchrun: this process's rank; rank 0 alone owns the output directory
         self.ranks = Ranks.from_environment()
         checkpoint = None
@@ -724,6 +725,7 @@ class Trainer:
         summary = self._summary(evaluation, in_sync=in_sync)
         if self.ranks.main:
             write_json_atomic(self.directory / "summary.json", summary)
+        self.summary_written = True  # an interrupt from here on finds the run complete
         return summary
 
     def _summary(self, evaluation: dict[str, Any], *, in_sync: bool) -> dict[str, Any]:

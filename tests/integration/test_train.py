@@ -760,3 +760,20 @@ def test_a_rank_without_the_checkpoint_says_which_rank_and_host(tmp_path, monkey
     config = TrainConfig(resume=str(tmp_path / "run"), progress=False)
     with pytest.raises(ValueError, match=rf"^rank 1 on {socket.gethostname()}: .*checkpoint"):
         Trainer(config)
+
+
+def test_an_interrupt_after_the_summary_is_written_says_the_run_finished(
+    tmp_path, monkeypatch, capsys
+):
+    # it said "interrupted during the final evaluation ... --resume evaluates it", and the
+    # resume then found the run finished already
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "leave_group", interrupted)
+    out = tmp_path / "run"
+    assert main(["--preset", "smoke", "--eval-episodes", "1", "--output", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted after the run finished: its summary.json is written" in err
+    assert "final evaluation" not in err
+    assert json.loads((out / "summary.json").read_text())["env_steps"] > 0
