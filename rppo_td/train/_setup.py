@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 
 import gymnasium as gym
@@ -10,9 +11,12 @@ import torch
 
 from rppo_td.envs import make_env
 from rppo_td.modules import RecurrentActorCritic
+from rppo_td.modules._spaces import observation_leaves
 from rppo_td.train._config import TrainConfig
 
 __all__ = ["build_agent", "env_spaces", "seed_everything"]
+
+log = logging.getLogger(__name__)
 
 
 def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
@@ -25,8 +29,28 @@ def env_spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 def build_agent(config: TrainConfig) -> RecurrentActorCritic:
-    """The actor-critic for ``config.env``'s spaces, on CPU."""
+    """The actor-critic for ``config.env``'s spaces, on CPU.
+
+    Logs a warning for each float ``Box`` observation of three dimensions shaped like an image
+    (``[H, W, C]`` or ``[C, H, W]``, ``C`` of 1, 3 or 4): only ``uint8`` boxes go through the
+    CNN, so it reaches the MLP flattened, which the user may not expect.
+    """
     observation_space, action_space = env_spaces(config.env)
+    for key, space in observation_leaves(observation_space):
+        shape = tuple(getattr(space, "shape", ()) or ())
+        if (
+            isinstance(space, gym.spaces.Box)
+            and space.dtype.kind == "f"
+            and len(shape) == 3
+            and (shape[-1] in (1, 3, 4) or shape[0] in (1, 3, 4))
+        ):
+            log.warning(
+                "observation %r is a float Box %s: the MLP reads it flattened (%d inputs); "
+                "only uint8 Box images [H, W, C] or [C, H, W] go through the CNN",
+                key,
+                list(shape),
+                int(np.prod(shape)),
+            )
     return RecurrentActorCritic(
         observation_space,
         action_space,

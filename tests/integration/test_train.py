@@ -777,3 +777,31 @@ def test_an_interrupt_after_the_summary_is_written_says_the_run_finished(
     assert "interrupted after the run finished: its summary.json is written" in err
     assert "final evaluation" not in err
     assert json.loads((out / "summary.json").read_text())["env_steps"] > 0
+
+
+class _FloatImageEnv(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (8, 8, 3), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros((8, 8, 3), np.float32), {}
+
+    def step(self, action):
+        return np.zeros((8, 8, 3), np.float32), 0.0, True, False, {}
+
+
+def test_a_float_image_box_is_said_to_reach_the_mlp_flattened(caplog):
+    # it went to the MLP flattened without a word, where a uint8 one goes through the CNN
+    from rppo_td.train._setup import build_agent
+
+    gym.register("probe/FloatImage-v0", entry_point=_FloatImageEnv)
+    with caplog.at_level("WARNING"):
+        build_agent(TrainConfig(env="probe/FloatImage-v0"))
+    assert "observation 'observation' is a float Box [8, 8, 3]: the MLP reads it flattened" in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        build_agent(TrainConfig())  # a vector: nothing to say
+    assert "float Box" not in caplog.text
