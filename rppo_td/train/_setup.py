@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from rppo_td.envs import make_env
-from rppo_td.modules import RecurrentActorCritic
-from rppo_td.modules._spaces import observation_leaves
+from rppo_td.modules import RecurrentActorCritic, observation_leaves
 from rppo_td.train._config import TrainConfig
 
 __all__ = ["build_agent", "env_spaces", "seed_everything"]
