@@ -999,35 +999,42 @@ def _group_stats(
 ) -> dict[str, torch.Tensor]:
     """The diagnostics over the real steps of every rank: one MAX and one SUM all-reduce.
 
-    ``sums`` maps a name to per-step values ``[*B]`` or ``[*B, 1]`` whose mean it reports;
+    ``sums`` maps a name to per-step values ``[*B]``, ``[*B, 1]`` or ``[*B, A, 1]`` whose
+    mean it reports;
     ``log_weight`` is the log-ratio; ``count`` the group's real steps. Sums are float64.
     """
     dtype = log_weight.dtype
     log_weight = _where(mask, log_weight, -torch.inf)
     top = all_reduce(log_weight.max(), group, torch.distributed.ReduceOp.MAX)
-    parts = [_where(mask, x.double(), 0.0).sum() for x in sums.values()]
+
+    def summed(x: torch.Tensor, square: bool = False) -> tuple[torch.Tensor, int]:
+        """The float64 sum of ``x`` (or of its square) over the real steps, and its divisor.
+
+        The divisor per real step is the number of values a step gives (``A`` for
+        ``[*B, A, 1]``).
+        """
+        y = _where(mask, x.double(), 0.0)
+        return (y.square() if square else y).sum(), _per_step(x, mask)
+
+    parts = [summed(x) for x in sums.values()]
     shifted = (log_weight - top).double().exp()  # 0 on padding
-    parts += [shifted.sum(), shifted.square().sum()]
+    ratio_values = _per_step(log_weight, mask)
+    parts += [(shifted.sum(), ratio_values), (shifted.square().sum(), ratio_values)]
     clipped = critic is not None and critic.was_clipped is not None
     if critic is not None and critic.was_clipped is not None:
-        parts.append(_where(mask, critic.was_clipped.double(), 0.0).sum())
+        parts.append(summed(critic.was_clipped))
     if critic is not None and explained_variance:
-        residual = _where(mask, (critic.target - critic.value).double(), 0.0)
-        target = _where(mask, critic.target.double(), 0.0)
-        parts += [residual.sum(), residual.square().sum(), target.sum(), target.square().sum()]
-    totals = all_reduce(torch.stack(parts), group)
-    # each sum over its values: the count of real steps times the values a step holds
-    per = [_per_step(x, mask) for x in sums.values()] + [_per_step(log_weight, mask)] * 2
-    if critic is not None and critic.was_clipped is not None:
-        per.append(_per_step(critic.was_clipped, mask))
-    if critic is not None and explained_variance:
-        per += [_per_step(critic.target, mask)] * 4
+        residual = critic.target - critic.value
+        parts += [summed(residual), summed(residual, square=True)]
+        parts += [summed(critic.target), summed(critic.target, square=True)]
+    totals = all_reduce(torch.stack([total for total, _ in parts]), group)
     n = count.double()
-    means = totals / (n * torch.tensor(per, dtype=torch.float64, device=totals.device))
+    per = torch.tensor([values for _, values in parts], dtype=torch.float64, device=n.device)
+    means = totals / (n * per)
     stats = {name: means[i].to(dtype) for i, name in enumerate(sums)}
     k = len(sums)
     first, second = totals[k], totals[k + 1]
-    stats["ESS"] = (first.square() / second / (n * per[k])).to(dtype)
+    stats["ESS"] = (first.square() / second / (n * ratio_values)).to(dtype)
     stats["max_ratio"] = top.exp()
     stats["mean_ratio"] = (top.double().exp() * means[k]).to(dtype)
     k += 2
