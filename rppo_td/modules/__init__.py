@@ -14,6 +14,7 @@ from rppo_td.modules._modules import (
 from rppo_td.modules._normalizer import ObservationNormalizer
 from rppo_td.modules._spaces import (
     ObservationLeaf,
+    image_shaped,
     observation_leaves,
     observation_to_tensordict,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "RecurrentCritic",
     "RecurrentPolicy",
     "Recurrence",
+    "image_shaped",
     "observation_leaves",
     "observation_to_tensordict",
     "recurrent_state_primer",

@@ -142,7 +142,8 @@ def action_center(space: gym.spaces.Box) -> torch.Tensor:
     low = np.asarray(space.low, dtype=np.float64)
     high = np.asarray(space.high, dtype=np.float64)
     finite = np.isfinite(low) & np.isfinite(high)
-    middle = np.where(finite, (np.where(finite, low, 0) + np.where(finite, high, 0)) / 2, 0.0)
+    # (the bounds zeroed where one is infinite: no inf - inf, whose NaN np.where would keep)
+    middle = (np.where(finite, low, 0.0) + np.where(finite, high, 0.0)) / 2
     center = np.where(finite, middle, np.clip(0.0, low, high))
     return torch.as_tensor(center, dtype=torch.float32)
 

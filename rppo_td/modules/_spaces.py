@@ -14,6 +14,7 @@ __all__ = [
     "ObservationLeaf",
     "check_image_layout",
     "image_channels_last",
+    "image_shaped",
     "is_image",
     "observation_leaves",
     "observation_to_tensordict",
@@ -93,11 +94,19 @@ def is_image(space: gym.Space) -> bool:
     """
     if not isinstance(space, gym.spaces.Box) or space.dtype != np.uint8:
         return False
-    if len(space.shape) == 2:
-        return True
-    if len(space.shape) != 3:
+    return len(space.shape) == 2 or image_shaped(space)
+
+
+def image_shaped(space: gym.Space) -> bool:
+    """True for a ``Box`` of any dtype shaped ``HxWxC`` or ``CxHxW`` with ``C`` in 1, 3, 4.
+
+    Only a ``uint8`` one is an image to the agent (``is_image``): a float one reaches the
+    MLP flattened, which ``rppo-train`` warns of.
+    """
+    if not isinstance(space, gym.spaces.Box):
         return False
-    return space.shape[-1] in _CHANNELS or space.shape[0] in _CHANNELS
+    shape = space.shape
+    return len(shape) == 3 and (shape[-1] in _CHANNELS or shape[0] in _CHANNELS)
 
 
 def check_image_layout(layout: object) -> None:

@@ -729,10 +729,10 @@ class RecurrentPPOLoss(ClipPPOLoss):
         real steps' advantages. TD(0) reads one step at a time and is left alone.
         """
         keys = self.tensor_keys
-        mask = tensordict.get(keys.loss_mask, None)
         estimator = self.value_estimator
-        if mask is None or isinstance(estimator, TD0Estimator):
+        if tensordict.get(keys.loss_mask, None) is None or isinstance(estimator, TD0Estimator):
             return
+        mask = self._mask(tensordict)  # [*B] bool, checked
         missing = f"{keys.advantage!r} is missing from these padded sequences"
         before = (
             "compute it on the [W, T] rollout before SequencePadder (rppo_td.GAE, or "

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from rppo_td.envs import make_env
-from rppo_td.modules import RecurrentActorCritic, observation_leaves
+from rppo_td.modules import RecurrentActorCritic, image_shaped, observation_leaves
 from rppo_td.train._config import TrainConfig
 
 __all__ = ["build_agent", "env_spaces", "seed_everything"]
@@ -36,13 +36,8 @@ def build_agent(config: TrainConfig) -> RecurrentActorCritic:
     """
     observation_space, action_space = env_spaces(config.env)
     for key, space in observation_leaves(observation_space):
-        shape = tuple(getattr(space, "shape", ()) or ())
-        if (
-            isinstance(space, gym.spaces.Box)
-            and space.dtype.kind == "f"
-            and len(shape) == 3
-            and (shape[-1] in (1, 3, 4) or shape[0] in (1, 3, 4))
-        ):
+        shape = tuple(getattr(space, "shape", None) or ())
+        if image_shaped(space) and np.issubdtype(space.dtype, np.floating):
             log.warning(
                 "observation %r is a float Box %s: the MLP reads it flattened (%d inputs); "
                 "only uint8 Box images [H, W, C] or [C, H, W] go through the CNN",

@@ -502,7 +502,7 @@ class SequenceStartStates(RolloutTransform):
     ) -> dict[NestedKey, torch.Tensor]:
         """The states at ``starts`` after each sequence's burn-in, ``[S, *S]`` per key."""
         num_time = rollout.batch_size[1]
-        episode_id = get_key(rollout, self.keys.episode_id, hint="(EpisodeSplitter writes it)")
+        episode_id = get_key(rollout, self.keys.episode_id)  # _needed refused it missing
         check_dtype(self.keys.episode_id, episode_id, torch.int64)  # named as the caller keys it
         first = episode_first_steps(episode_id).flatten().index_select(0, starts)
         worker, start_time = starts // num_time, starts % num_time
