@@ -309,6 +309,16 @@ def run_trainer(args: list[str], out: Path) -> tuple[dict[str, object], dict | N
     return row, json.loads(summary.read_text())
 
 
+def check_seeds(parser: argparse.ArgumentParser, flag: str, seeds: list[int] | None) -> None:
+    """Refuses (``parser.error``, naming ``flag``) seeds that are negative or repeated.
+
+    A seed of -1 failed its run after the others, and a repeated one trained twice.
+    """
+    given = seeds or []
+    if any(seed < 0 for seed in given) or len(set(given)) < len(given):
+        parser.error(f"{flag} must be distinct integers >= 0, got {given}")
+
+
 def at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an int >= ``low`` (``--repeats 0`` is refused by its flag's name
     before any work, not a ``StatisticsError`` after it)."""

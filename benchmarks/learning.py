@@ -27,7 +27,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import at_least, run_trainer, write_json
+from _common import at_least, check_seeds, run_trainer, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -94,10 +94,8 @@ def main() -> int:
         "--output", default=None, help="results name (default learning-<UTC time>-<pid>)"
     )
     args = parser.parse_args()
-    for name in ("seeds", "control_seeds"):
-        given = getattr(args, name) or []
-        if any(seed < 0 for seed in given) or len(set(given)) < len(given):
-            parser.error(f"--{name.replace('_', '-')} must be distinct integers >= 0, got {given}")
+    check_seeds(parser, "--seeds", args.seeds)
+    check_seeds(parser, "--control-seeds", args.control_seeds)
     if args.seeds is None:  # a flag given wins over --quick
         args.seeds = [0] if args.quick else [0, 1, 2, 3, 4]
     if args.control_seeds is None:

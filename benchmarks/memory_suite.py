@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import cpu_model, wilson
+from _common import check_seeds, cpu_model, wilson
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -960,9 +960,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
-    repeated = sorted({seed for seed in args.seeds if args.seeds.count(seed) > 1})
-    if repeated or min(args.seeds) < 0:
-        parser.error(f"--seeds must be distinct integers >= 0, got {args.seeds}")
+    check_seeds(parser, "--seeds", args.seeds)
     for name, given, needs, asked in (
         ("--ablation-steps", args.ablation_steps is not None, "--ablation", args.ablation),
         ("--identical", args.identical, "--ablation", args.ablation),
@@ -1003,31 +1001,23 @@ def main(argv: list[str] | None = None) -> int:
         if not seed.isdigit():
             parser.error(f"--import-run: SEED must be an integer >= 0, got {seed!r}")
         result = import_run(task, int(seed), Path(directory))
-        # the suite's own run of the same settings on this CPU model took the same path:
-        # the same measurement, never counted twice
+        # records of the same settings on this CPU model: the same run (a seed takes the same
+        # path on one CPU model). The suite's own is never counted twice: the import is
+        # skipped. An earlier import of it is replaced, under whatever key; a run with other
+        # settings, or made on another CPU model, is never replaced (keyed by both)
         same = [
-            k
+            (k, r)
             for k, r in suite.runs.items()
-            if not imported(r)
-            and r.get("returncode") == 0
-            and r.get("cpu") == result["cpu"]
-            and identity(r) == identity(result)
+            if r.get("cpu") == result["cpu"] and identity(r) == identity(result)
         ]
-        if same:
+        own = [k for k, r in same if not imported(r) and r.get("returncode") == 0]
+        if own:
             print(
                 f"--import-run {task} {seed} {directory}: not imported; the suite's run "
-                f"{same[0]!r} has its settings on this CPU model (the same path)"
+                f"{own[0]!r} has its settings on this CPU model (the same path)"
             )
             continue
-        # keyed by its settings and CPU too: a run with other settings, or made on another
-        # CPU model (where the same seed takes another path), never replaces another's; an
-        # import of the same settings on the same CPU model replaces the earlier one (the
-        # same run: a seed takes the same path on one CPU model), under whatever key
-        for old in [
-            k
-            for k, r in suite.runs.items()
-            if imported(r) and r.get("cpu") == result["cpu"] and identity(r) == identity(result)
-        ]:
+        for old in [k for k, r in same if imported(r)]:
             del suite.runs[old]
         key = Run(task, int(seed), tuple(result["overrides"].items())).key
         suite.runs[f"{key} imported on {result['cpu']}"] = result
