@@ -9,7 +9,9 @@ process. Nothing here asserts on a timing: the scripts print and save what they 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import io
 import json
 import math
 import platform
@@ -307,6 +309,23 @@ def run_trainer(args: list[str], out: Path) -> tuple[dict[str, object], dict | N
         row["error"] = proc.stderr[-2000:]
         return row, None
     return row, json.loads(summary.read_text())
+
+
+def train_refusal(argv: list[str]) -> str | None:
+    """``rppo-train``'s one-line refusal of ``argv`` (without its ``prog: error:``), or None.
+
+    Checked with its own parser, before any run: a setting it refuses would otherwise fail
+    every run made with it, one after the other.
+    """
+    from rppo_td.train._cli import config_from_args
+
+    with contextlib.redirect_stderr(io.StringIO()) as said:
+        try:
+            config_from_args(argv)
+        except SystemExit as refused:
+            if refused.code:
+                return said.getvalue().strip().removeprefix("rppo-train: error: ")
+    return None
 
 
 def check_seeds(parser: argparse.ArgumentParser, flag: str, seeds: list[int] | None) -> None:

@@ -26,10 +26,8 @@ crashed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import functools
-import io
 import json
 import os
 import platform
@@ -45,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import check_seeds, cpu_model, wilson
+from _common import check_seeds, cpu_model, train_refusal, wilson
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -506,16 +504,11 @@ def check_settings(
     parser: argparse.ArgumentParser, task: str, flags: tuple[tuple[str, str], ...]
 ) -> None:
     """Refuses (``parser.error``) flags that ``rppo-train`` would refuse over ``task``'s preset."""
-    from rppo_td.train._cli import config_from_args
-
     argv = ["--preset", TASKS[task].preset]
     for name, value in flags:
         argv += cli_args(name, value)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) as said:
-            config_from_args(argv)
-    except SystemExit:
-        message = said.getvalue().strip().removeprefix("rppo-train: error: ")
+    message = train_refusal(argv)
+    if message is not None:
         parser.error(f"--flags over {task}'s preset: {message}")
 
 

@@ -32,9 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import print_table, run_trainer, wilson, write_json
-
-from rppo_td.train._cli import config_from_args
+from _common import print_table, run_trainer, train_refusal, wilson, write_json
 
 QUIET = ["--overwrite", "--no-progress", "--log-level", "WARNING", "--threads", "1"]
 
@@ -65,19 +63,15 @@ def parse_setting(text: str) -> tuple[str, list[str]]:
 
 
 def check_setting(name: str, flags: list[str]) -> None:
-    """Exits before any run when ``rppo-train`` would refuse the setting's flags (its own
-    one-line message is printed first), instead of every seed failing on it."""
+    """Exits before any run when ``rppo-train`` would refuse the setting's flags (naming
+    them and its own one-line message), instead of every seed failing on it."""
     set_here = ("--seed", "--threads", "--log-level", "--progress", "--no-progress")
     for flag in (*set_here, "--overwrite", "--no-overwrite"):  # a later flag would win
         if any(f == flag or f.startswith(flag + "=") for f in flags):
             raise SystemExit(f"--setting {name!r}: {flag} is set by this script; drop it")
-    try:
-        config_from_args([*flags, "--seed", "0", *QUIET])
-    except SystemExit as refused:
-        if refused.code:
-            raise SystemExit(
-                f"--setting {name!r}: rppo-train refuses its flags {flags} (above)"
-            ) from None
+    message = train_refusal([*flags, "--seed", "0", *QUIET])
+    if message is not None:
+        raise SystemExit(f"--setting {name!r}: rppo-train refuses its flags {flags}: {message}")
 
 
 def run_one(flags: list[str], seed: int, out: Path) -> dict:
