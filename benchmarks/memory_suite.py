@@ -381,12 +381,20 @@ def imported(result: dict) -> bool:
 def flags_over_preset(result: dict) -> dict[str, str]:
     """The run's ``overrides`` that differ from its task's preset as it is now."""
     preset = preset_settings(TASKS[result["task"]].preset)
-    missing = object()  # a name that is no setting differs from the preset
     return {
         name: value
         for name, value in result.get("overrides", {}).items()
-        if str(preset.get(name.replace("-", "_"), missing)) != value
+        if preset_text(preset, name) != value
     }
+
+
+_NO_SETTING = object()
+
+
+def preset_text(preset: dict[str, object], flag: str) -> str:
+    """The preset's value of the setting ``flag`` names (``learning-rate``), as the suite
+    spells values; a name that is no setting gives a text no value equals."""
+    return str(preset.get(flag.replace("-", "_"), _NO_SETTING))
 
 
 def preset_settings(preset: str) -> dict[str, object]:
@@ -727,14 +735,9 @@ def in_cell(result: dict, base: dict[str, str], preset: dict[str, object]) -> bo
     changed a setting (``PRESET_CHANGES``) carries the earlier value as a flag, so it belongs
     only where ``base`` sets that value.
     """
-    missing = object()  # a name that is no setting differs from the preset
-
-    def preset_value(name: str) -> str:
-        return str(preset.get(name.replace("-", "_"), missing))
-
     flags = {name: value for name, value in result["overrides"].items() if name not in CELL_FLAGS}
     return all(
-        flags.get(name, preset_value(name)) == base.get(name, preset_value(name))
+        flags.get(name, preset_text(preset, name)) == base.get(name, preset_text(preset, name))
         for name in flags.keys() | base.keys()
     )
 
