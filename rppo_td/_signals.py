@@ -1,12 +1,14 @@
-"""Signals for the commands: ``terminate_as_interrupt`` and ``signals_deferred``.
+"""Signals for the commands: ``terminate_as_interrupt``, ``signals_deferred``, ``interrupts_kept``.
 
-SIGTERM as a Ctrl-C, and SIGINT/SIGTERM held while the commands load their modules.
+SIGTERM as a Ctrl-C, SIGINT/SIGTERM held while the commands load their modules, and a Ctrl-C
+that Python dropped raised again.
 
 Imports nothing but the standard library: the console scripts use it before they load torch.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -15,7 +17,46 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["signals_deferred", "terminate_as_interrupt"]
+__all__ = ["interrupts_kept", "signals_deferred", "terminate_as_interrupt"]
+
+
+@contextlib.contextmanager
+def interrupts_kept() -> Iterator[None]:
+    """Inside the block, a ``KeyboardInterrupt`` that Python dropped is raised again.
+
+    A signal handler raises its ``KeyboardInterrupt`` in whatever code runs when the signal
+    lands. If that is a weakref callback or a ``__del__`` (the garbage collector runs them at
+    any allocation), Python prints "Exception ignored in ..." and drops the exception. A
+    ``kill -INT`` during ``rppo-train``'s final evaluation was lost so: the run went on and
+    exited 0. Inside this block such an interrupt is delivered again as a SIGINT
+    (``_thread.interrupt_main``) from a timer thread 10 ms later, once the main thread has left
+    the callback, and nothing is printed for it; the block's end waits for those timers, so
+    an interrupt dropped just before it is raised there. Other unraisable exceptions go to the
+    earlier hook.
+    """
+    previous = sys.unraisablehook
+    timers: list[threading.Timer] = []
+
+    def hook(unraisable: Any) -> None:
+        dropped = unraisable.exc_type is not None and issubclass(
+            unraisable.exc_type, KeyboardInterrupt
+        )
+        if not (dropped and callable(signal.getsignal(signal.SIGINT))):
+            previous(unraisable)
+            return
+        # not from here: the SIGINT handler would run in this hook, and raise in it again
+        timer = threading.Timer(0.01, _thread.interrupt_main, (signal.SIGINT,))
+        timer.daemon = True
+        timers.append(timer)
+        timer.start()
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+        for timer in timers:
+            timer.join()
 
 
 @contextlib.contextmanager
@@ -31,7 +72,8 @@ def terminate_as_interrupt() -> Iterator[None]:
 
     SIGINT too, where the command started with it ignored (a shell starts ``cmd &`` so):
     the trainer stops on it while it trains, so a ``kill -INT`` during the final evaluation or
-    start-up is not dropped either. Each disposition is restored on exit.
+    start-up is not dropped either. Each disposition is restored on exit. An interrupt that
+    lands in a weakref callback or ``__del__`` is raised again (``interrupts_kept``).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -46,7 +88,8 @@ def terminate_as_interrupt() -> Iterator[None]:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         restore[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        yield
+        with interrupts_kept():
+            yield
     finally:
         for signum, handler in restore.items():
             signal.signal(signum, handler)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -15,6 +16,7 @@ from rppo_td._signals import terminate_as_interrupt
 from rppo_td._validation import first_line
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
+from rppo_td.train._distributed import RanksRefused, wait_for_ranks
 from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
@@ -92,6 +94,9 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except (ValueError, KeyError, EnvError) as err:
         _error(err)
+        if isinstance(err, RanksRefused):  # every rank has said why before any exits
+            with contextlib.suppress(RuntimeError):  # a rank killed meanwhile: nothing to wait for
+                wait_for_ranks()
         # an env that fails while running is a failure (1); one that cannot be built (its
         # entry point or constructor fails, or its optional package, an extra to install, is
         # missing) is a setting that cannot run, as an unknown env id is (2)
@@ -162,4 +167,7 @@ def _thread_error(args: threading.ExceptHookArgs) -> None:
 
 def _error(err: BaseException | str) -> None:
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
-    print(f"rppo-train: error: {message}", file=sys.stderr)  # noqa: T201
+    # one write, line and newline together: print() writes them apart, and the lines of
+    # torchrun's ranks, which share one stderr, ran into each other between the two
+    sys.stderr.write(f"rppo-train: error: {message}\n")
+    sys.stderr.flush()

@@ -179,6 +179,14 @@ def gather_episodes(
     return [r for _, _, r, _ in merged], [n for _, _, _, n in merged]
 
 
+class RanksRefused(ValueError):
+    """A refusal every rank raises together (their settings differ, rank 0's directory is refused).
+
+    Each rank prints it, then ``wait_for_ranks()`` before it exits: torchrun stops the other
+    ranks once one has exited, and a rank stopped before it printed said nothing.
+    """
+
+
 def share_from_main(value: Any, ranks: Ranks) -> Any:
     """Rank 0's ``value`` (any picklable object) on every rank; ``value`` itself in one process."""
     if not ranks.distributed:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rppo_td._signals import interrupts_kept
 from rppo_td._validation import first_line
 from rppo_td.envs import make_vector_env
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic, RecurrentPolicy
@@ -36,6 +37,7 @@ from rppo_td.train._checkpoint import (
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._distributed import (
     Ranks,
+    RanksRefused,
     any_rank,
     broadcast_module,
     gather_episodes,
@@ -81,11 +83,14 @@ class _StopFlag:
         self.saving = False
         self._abort_after_save = False
         self._previous: dict[int, Any] = {}
+        self._kept = contextlib.ExitStack()
 
     def __enter__(self) -> _StopFlag:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._handle)
+            # the second Ctrl-C's abort is not dropped where it lands in a __del__
+            self._kept.enter_context(interrupts_kept())
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -112,6 +117,7 @@ class _StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        self._kept.close()
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
@@ -167,7 +173,7 @@ class Trainer:
             self.device = start_group(self.ranks, _check_device(config.device))
             differ = settings_differences(config.to_dict(), self.ranks)
             if differ is not None:  # every rank refuses, before anything is written
-                raise ValueError(
+                raise RanksRefused(
                     f"the ranks were started with different settings: {differ}; start every "
                     "rank with the same settings (flags, preset and config file)"
                 )
@@ -193,7 +199,9 @@ class Trainer:
             # traceback (each rank says why: torchrun may stop rank 0 before it has)
             reason = share_from_main(None if refused is None else str(refused), self.ranks)
             if reason is not None and refused is None:
-                raise ValueError(f"rank {self.ranks.rank}: {reason}")
+                raise RanksRefused(f"rank {self.ranks.rank}: {reason}")
+            if isinstance(refused, ValueError) and self.ranks.distributed:
+                raise RanksRefused(str(refused)) from refused
             if refused is not None:
                 raise refused
             self._build(config, checkpoint)

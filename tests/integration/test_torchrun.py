@@ -63,7 +63,9 @@ def test_a_refused_output_directory_is_one_line_on_every_rank(run):
     errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
     # each rank says why (torchrun may stop rank 0 once rank 1 has exited, before it printed)
     assert 1 <= len(errors) <= 2 and all("already holds a run" in e for e in errors), done.stderr
-    assert any(e.startswith("rppo-train: error: rank 1: output directory") for e in errors)
+    assert any(e.startswith("rppo-train: error: rank 1: output directory") for e in errors), (
+        done.stderr
+    )
     # torchrun's own ChildFailedError report follows; no rank prints a traceback
     assert "[rank1]" not in done.stderr and "closed by peer" not in done.stderr, done.stderr
 

@@ -337,6 +337,65 @@ def test_terminate_as_interrupt_leaves_another_handler_alone():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_an_interrupt_that_lands_in_a_weakref_callback_is_raised_again(capsys):
+    # a `kill -INT` during rppo-train's final evaluation landed in a weakref callback run by
+    # the garbage collector: Python printed "Exception ignored in ..." and the run exited 0
+    import signal
+    import sys
+    import time
+    import weakref
+
+    from rppo_td._signals import terminate_as_interrupt
+
+    class Thing:
+        pass
+
+    def landed(ref):  # the signal handler's KeyboardInterrupt, raised in here
+        raise KeyboardInterrupt
+
+    hook = sys.unraisablehook
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+            thing = Thing()
+            ref = weakref.ref(thing, landed)
+            del thing  # the callback runs here, and its exception is dropped
+            for _ in range(1000):
+                time.sleep(0.001)
+        assert ref() is None
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert sys.unraisablehook is hook  # given back
+    assert "Exception ignored" not in capsys.readouterr().err
+
+
+def test_ranks_that_refuse_together_each_say_why_before_any_exits(monkeypatch, capsys):
+    # rank 1 of a torchrun whose output directory rank 0 refused was stopped by torchrun, as
+    # soon as rank 0 had exited, before it printed its own line
+    import sys
+    import types
+
+    import rppo_td.train as train
+    from rppo_td.train._distributed import RanksRefused
+
+    said = []
+
+    class Refused:
+        def __init__(self, config, given=None):
+            raise RanksRefused("rank 1: output directory 'x' already holds a run")
+
+    monkeypatch.setattr(train, "Trainer", Refused)
+    monkeypatch.setattr(train, "wait_for_ranks", lambda: said.append(capsys.readouterr().err))
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 2
+    assert said == ["rppo-train: error: rank 1: output directory 'x' already holds a run\n"]
+    # the ranks share one stderr: each line is one write, else two ranks' lines ran together
+    writes = []
+    stream = types.SimpleNamespace(write=writes.append, flush=lambda: None)
+    monkeypatch.setattr(sys, "stderr", stream)
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 2
+    assert writes == ["rppo-train: error: rank 1: output directory 'x' already holds a run\n"]
+
+
 def test_an_env_of_ones_own_that_cannot_be_built_is_a_setting_error(monkeypatch, capsys, tmp_path):
     # before: a module failing on import was a traceback (exit 1); an entry point that does not
     # load or a constructor that raises was one line but exit 1, as for an env failing mid-run
