@@ -5,9 +5,10 @@ Shapes use ``W`` workers, ``T`` time steps, ``N`` sequences and ``Lp`` the padde
 Also importable from here, outside ``__all__`` and the documented API: the same computations
 without the entry checks (``check_gae_inputs``, ``gae_unchecked``, ``plan_minibatches``,
 ``pad_rows``, ``runs_pay``, ``sequence_runs``, ``unpad_rows``, ``chunk_episodes_unchecked``,
-``episode_ids_unchecked``, ``layout_from_starts``), for the rppo_td wrappers that check their
-inputs once at their own entry (re-exported as ``name as name``). Other packages import them from
-``rppo_td.functional``, never from its modules.
+``episode_ids_unchecked``, ``layout_from_starts``) and ``movable`` (a dtype's bytes as one
+torch's gathers take), for the rppo_td wrappers that check their inputs once at their own entry
+(re-exported as ``name as name``). Other packages import them from ``rppo_td.functional``,
+never from its modules.
 """
 
 from rppo_td.functional._burn_in import burn_in_lengths, burn_in_window, episode_first_steps
@@ -18,6 +19,7 @@ from rppo_td.functional._masked import masked_mean, masked_normalize
 from rppo_td.functional._minibatch import balanced_minibatches
 from rppo_td.functional._minibatch import plan_minibatches as plan_minibatches
 from rppo_td.functional._novelty import NoveltyCarry, episodic_novelty, observation_words
+from rppo_td.functional._padding import movable as movable
 from rppo_td.functional._padding import pad_rows as pad_rows
 from rppo_td.functional._padding import pad_sequences, padding_positions, unpad_sequences
 from rppo_td.functional._padding import runs_pay as runs_pay

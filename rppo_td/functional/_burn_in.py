@@ -9,16 +9,21 @@ in the rollout, nor before the rollout's first step (the rollout holds nothing e
 from __future__ import annotations
 
 import numbers
+from typing import TYPE_CHECKING
 
 import torch
 
 from rppo_td._validation import (
+    check_device,
     check_dtype,
     check_not_meta,
     check_shape,
     check_tensors,
     check_values,
 )
+
+if TYPE_CHECKING:
+    from tensordict import NestedKey
 
 __all__ = ["burn_in_lengths", "burn_in_window", "episode_first_steps"]
 
@@ -89,7 +94,8 @@ def burn_in_lengths(
             ((gap >= 0).all(), "episode_first_step must be <= start_time for every sequence"),
         ],
     )
-    return gap.clamp(max=burn_in)
+    # a K past int64 (any K >= the rollout's length gives the same lengths) stays a number
+    return gap.clamp(max=min(burn_in, torch.iinfo(torch.int64).max))
 
 
 def burn_in_window(
@@ -142,6 +148,9 @@ def _check_ndim(named: dict[str, torch.Tensor], ndim: int) -> None:
     for name, x in named.items():
         if x.ndim != ndim:
             raise ValueError(f"{name} must have {ndim} dims, got shape {list(x.shape)}")
+    tensors: dict[NestedKey, torch.Tensor] = dict(named)
+    check_device(tensors)
+    check_not_meta(tensors)  # their values are compared
 
 
 def _check_burn_in(burn_in: int) -> int:

@@ -23,7 +23,12 @@ def _expand_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             f"mask of shape {list(mask.shape)} must match the leading dims of x, "
             f"got x of shape {list(x.shape)}"
         )
-    return mask.view(*mask.shape, *([1] * (x.ndim - mask.ndim))).expand_as(x)
+    return mask.reshape((*mask.shape, *([1] * (x.ndim - mask.ndim)))).expand_as(x)
+
+
+def _accumulator(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32 where it is half precision: float16 sums overflow past 65504."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -31,6 +36,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
     An all-False mask gives NaN, as ``torch.mean`` of an empty tensor does (not 0, which would
     pass for a mean); nothing is synchronised to check it, so the NaN shows in the loss.
+    Half-precision ``x`` is summed in float32 (a float16 sum overflows past 65504) and the mean
+    returned in ``x``'s dtype.
 
     Args:
         x: ``[N, Lp, *F]`` float.
@@ -45,7 +52,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         tensor(2.)
     """
     full = _expand_mask(x, mask)
-    return torch.where(full, x, 0.0).sum() / full.sum()
+    return (torch.where(full, _accumulator(x), 0.0).sum() / full.sum()).to(x.dtype)
 
 
 def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -54,7 +61,9 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
     Padding positions are returned as zero. Normalising over padded zeros would bias both
     statistics towards zero, the more so the more padding a batch holds. An all-False mask
     leaves nothing to normalise: every position is padding, so the result is all zero. With
-    ``eps = 0`` real steps that are all equal give NaN (0 / 0).
+    ``eps = 0`` real steps that are all equal give NaN (0 / 0). Half-precision ``x`` is
+    standardised in float32 (its sum of squares overflows float16 from values of about 30 over
+    64 steps, which made every output 0) and returned in ``x``'s dtype.
 
     Args:
         x: ``[N, Lp, *F]`` float, e.g. ``advantage`` ``[N, Lp, 1]``.
@@ -73,9 +82,10 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
         raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     full = _expand_mask(x, mask)
+    values = _accumulator(x)
     count = full.sum().clamp(min=1)
-    mean = torch.where(full, x, 0.0).sum() / count
-    centred = torch.where(full, x - mean, 0.0)
+    mean = torch.where(full, values, 0.0).sum() / count
+    centred = torch.where(full, values - mean, 0.0)
     # population variance over real steps; a single real step leaves x - mean = 0
     std = (centred.square().sum() / count).sqrt()
-    return centred / (std + eps)
+    return (centred / (std + eps)).to(x.dtype)

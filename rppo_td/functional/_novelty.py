@@ -65,8 +65,8 @@ def observation_words(observation: torch.Tensor, batch_dims: int = 2) -> torch.T
         batch gives ``[*B, D]`` with no rows.
 
     Raises:
-        ValueError: ``observation`` not a tensor, or ``batch_dims`` not an int in
-            ``[1, observation.ndim]``.
+        TypeError: ``observation`` not a tensor.
+        ValueError: ``batch_dims`` not an int in ``[1, observation.ndim]``.
 
     Example:
         >>> observation_words(torch.tensor([[[1, 2], [1, 2]]], dtype=torch.int32)).shape
@@ -169,8 +169,8 @@ def episodic_novelty(
         start: ``[W, T]`` bool, True where a new episode starts. Column 0: True starts a new
             episode, False continues the worker's open episode of ``carry``.
         carry: the open episodes' observations from the previous rollout (this function's
-            output there), or None (nothing carried: a False in column 0 then continues an
-            episode of which nothing is known).
+            output there, or a plain ``(rows, worker)`` pair), or None (nothing carried: a
+            False in column 0 then continues an episode of which nothing is known).
 
     Returns:
         ``(novel, carry)``: ``[W, T]`` bool, and the carry for the next rollout: the distinct
@@ -179,6 +179,8 @@ def episodic_novelty(
         done), that worker's rows are ignored there.
 
     Raises:
+        TypeError: a carry that is neither a ``NoveltyCarry``, a ``(rows, worker)`` pair nor
+            None, or an input that is not a tensor.
         ValueError: shapes, dtypes or devices that do not match, a carry of another width or
             with workers out of range, meta tensors.
 
@@ -192,6 +194,13 @@ def episodic_novelty(
         >>> carry.rows.squeeze(1).tolist(), carry.worker.tolist()
         ([0, 1, 2], [0, 0, 0])
     """
+    if carry is not None and not isinstance(carry, NoveltyCarry):
+        if not (isinstance(carry, tuple) and len(carry) == 2):
+            raise TypeError(
+                "carry must be a NoveltyCarry (rows, worker), the carry this function "
+                f"returned, or None; got {type(carry).__name__}"
+            )
+        carry = NoveltyCarry(*carry)  # a plain (rows, worker) pair
     _check(observation, next_observation, start, carry)
     workers, steps, words = observation.shape
     device = observation.device

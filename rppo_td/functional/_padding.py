@@ -109,6 +109,30 @@ def _in_range(name: str, index: torch.Tensor, size: int, what: str) -> tuple[tor
     return ok, f"{name} must hold indices in [0, {size}) (the {size} {what})"
 
 
+# dtypes whose values torch's CPU gathers and fills do not move (no index_select or
+# index_fill_ kernel): moved as the same bytes under a signed integer type of their width
+_MOVED_AS = {
+    getattr(torch, name): moved
+    for name, moved in (
+        ("uint16", torch.int16),
+        ("uint32", torch.int32),
+        ("uint64", torch.int64),
+        ("float8_e4m3fn", torch.uint8),
+        ("float8_e4m3fnuz", torch.uint8),
+        ("float8_e5m2", torch.uint8),
+        ("float8_e5m2fnuz", torch.uint8),
+        ("float8_e8m0fnu", torch.uint8),
+    )
+    if hasattr(torch, name)
+}
+
+
+def movable(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a view of its bytes under a dtype that torch's gathers take (uint16 as int16)."""
+    moved = _MOVED_AS.get(x.dtype)
+    return x if moved is None else x.view(moved)
+
+
 def pad_rows(
     x: torch.Tensor,
     flat_index: torch.Tensor,
@@ -127,6 +151,10 @@ def pad_rows(
     step) that does not require grad be copied a sequence at a time instead of a step at a
     time; the values are the same.
     """
+    if x.dtype in _MOVED_AS:
+        dest = None if out is None else movable(out)
+        rows = pad_rows(movable(x), flat_index, pad_positions, shape, batch_dims, dest, runs)
+        return rows.view(x.dtype)
     feature = x.shape[batch_dims:]
     count = math.prod(x.shape[:batch_dims])
     width = math.prod(feature)
@@ -362,6 +390,6 @@ def unpad_rows(
     """``unpad_sequences`` without the entry checks (``SequencePadder.inv`` checks once)."""
     feature = padded.shape[2:]
     rows = padded.shape[0] * padded.shape[1]
-    real = padded.reshape(rows, *feature).index_select(0, real_positions)
+    real = movable(padded).reshape(rows, *feature).index_select(0, real_positions)
     out = real.new_empty((num_steps, *feature))
-    return out.index_copy_(0, flat_destination, real)
+    return out.index_copy_(0, flat_destination, real).view(padded.dtype)

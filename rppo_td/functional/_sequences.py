@@ -142,6 +142,9 @@ def chunk_episodes_unchecked(
     start: torch.Tensor, sequence_length: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``chunk_episodes`` of a ``start`` known to be valid (``SequenceChunker`` builds it)."""
+    if sequence_length is not None and sequence_length >= start.numel():
+        # no fragment is longer (nor an L past int64, which the arithmetic cannot hold)
+        sequence_length = None
     if use_native(start):
         sequence_id, offset = chunk_flat(start.flatten(), sequence_length)
         return sequence_id.view(start.shape), offset.view(start.shape)

@@ -30,7 +30,7 @@ from rppo_td._validation import (
     get_key,
     none_true,
 )
-from rppo_td.functional import plan_minibatches, runs_pay, sequence_runs
+from rppo_td.functional import movable, plan_minibatches, runs_pay, sequence_runs
 
 __all__ = ["SequenceSampler"]
 
@@ -180,9 +180,10 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
         rows = on[value.device]
         if pool.wants(value, math.prod(value.shape[1:]) * rows.numel()):
             dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
-            gathered[key] = torch.index_select(value, 0, rows, out=dest)
-        else:
-            gathered[key] = value.index_select(0, rows)
+            torch.index_select(movable(value), 0, rows, out=movable(dest))
+            gathered[key] = dest
+        else:  # uint16, float8, ...: gathered as the same bytes (movable)
+            gathered[key] = movable(value).index_select(0, rows).view(value.dtype)
     source: dict = {}
     for key, _ in leaves:
         put_leaf(source, key, gathered[key])

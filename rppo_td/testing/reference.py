@@ -139,6 +139,11 @@ def reference_pad(
     ``worker_index`` and ``time_index`` (the step's place in the rollout, 0 on padding).
     """
     sequences = reference_sequences(rollout, sequence_length, keys)
+    if not sequences:  # as SequencePadder, which has no [0, Lp] to give either
+        raise ValueError(
+            f"reference_pad got an empty rollout (batch size {list(rollout.batch_size)}): "
+            "it holds no sequence"
+        )
     num_sequences = len(sequences)
     padded_length = max(len(sequence) for sequence in sequences)
     if pad_to is not None:
@@ -236,7 +241,8 @@ def reference_gae(
             else:
                 following = delta + gamma * lmbda * following
             advantage[w, t, 0] = following
-    state_value = torch.tensor(value, dtype=torch.float64).unsqueeze(-1)
+    # reshaped, not unsqueezed: a W = 0 rollout's [] list has lost its T
+    state_value = torch.tensor(value, dtype=torch.float64).reshape(num_workers, num_steps, 1)
     return advantage, advantage + state_value
 
 

@@ -213,7 +213,7 @@ def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tenso
         st.lists(st.booleans(), min_size=num_workers * num_steps, max_size=num_workers * num_steps)
     )
     start = torch.tensor(flags, dtype=torch.bool).view(num_workers, num_steps)
-    start[:, 0] = True
+    start[:, :1] = True  # no column at all where num_steps is 0
     return start
 
 
@@ -268,6 +268,12 @@ def rollouts(
     ``("next", "done")`` ``[W, T, 1]`` bool; (if ``with_is_init``) ``is_init`` ``[W, T, 1]``
     bool, True after every done step and drawn at ``t = 0`` (a rollout may continue an episode);
     recurrent states ``[W, T, layers, H]`` (if ``recurrent`` draws a spec).
+
+    The keys relate as a collector's do: ``("next", key)[:, t]`` equals ``key[:, t + 1]`` where
+    step ``t`` is not done (observations and ``state_value``; after a done step and at the last
+    step it is drawn on its own), and the recurrent states are zero where an episode starts
+    (a reset stores the zero state; ``is_init``'s starts where it is written, extra ones
+    included). Rewards, actions and other states are drawn independently.
 
     Hypothesis draws each per-step flag as a list, and caps lists at a few thousand
     elements: ``W * T`` of 4,096 or more (where ``rppo_td``'s compiled CPU kernels take over,
@@ -344,29 +350,27 @@ def rollouts(
     seed = draw(st.integers(0, 2**32 - 1), label="value seed")
     generator = torch.Generator().manual_seed(seed)
 
+    done = terminated | truncated
     td = TensorDict(batch_size=batch)
     for key, spec in observation_spec.items():
         next_key = ("next", *(key if isinstance(key, tuple) else (key,)))
         td.set(key, _fill(generator, batch + spec.shape, spec.dtype))
-        td.set(next_key, _fill(generator, batch + spec.shape, spec.dtype))
+        td.set(next_key, _next_values(td.get(key), done, generator))
     td.set("action", _action(generator, action, batch))
     td.set("action_log_prob", torch.randn(batch, generator=generator))
-    if state is not None:
-        for name in state.state_names:
-            shape = (*batch, state.num_layers, state.hidden_size)
-            td.set(name, torch.randn(shape, generator=generator))
     td.set(keys.state_value, torch.randn((*batch, 1), generator=generator))
-    td.set(keys.next_state_value, torch.randn((*batch, 1), generator=generator))
+    td.set(keys.next_state_value, _next_values(td.get(keys.state_value), done, generator))
     td.set(keys.reward, torch.randn((*batch, 1), generator=generator))
     td.set(keys.terminated, terminated)
     td.set(keys.truncated, truncated)
-    done = terminated | truncated
     if done_key:
         td.set(keys.done, done)
+    # where an episode starts: after a done step, and at t = 0 where drawn so
+    starts = torch.zeros((*batch, 1), dtype=torch.bool)
+    starts[:, 0, 0] = torch.tensor(first_is_init, dtype=torch.bool)
+    starts[:, 1:] = done[:, :-1]
     if is_init_key:
-        is_init = torch.zeros((*batch, 1), dtype=torch.bool)
-        is_init[:, 0, 0] = torch.tensor(first_is_init, dtype=torch.bool)
-        is_init[:, 1:] = done[:, :-1]
+        is_init = starts.clone()
         if extra_starts:
             extra = draw(
                 st.lists(
@@ -378,4 +382,26 @@ def rollouts(
             )
             is_init |= torch.tensor(extra, dtype=torch.bool).view(workers, steps, 1)
         td.set(keys.is_init, is_init)
+        starts = is_init
+    if state is not None:
+        for name in state.state_names:
+            shape = (*batch, state.num_layers, state.hidden_size)
+            # a reset stores the zero state; other steps the state the network carried
+            values = torch.randn(shape, generator=generator)
+            td.set(name, values.masked_fill(starts.unsqueeze(-1), 0.0))
     return td
+
+
+def _next_values(
+    values: torch.Tensor, done: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """``("next", key)`` of a root ``[W, T, *F]`` leaf, as a collector writes it.
+
+    The next step's value where the episode goes on; a value of its own after a done step
+    (the final observation, or its value, which the reset's does not replace) and at the
+    rollout's last step.
+    """
+    fresh = _fill(generator, tuple(values.shape), values.dtype)
+    following = torch.cat([values[:, 1:], fresh[:, -1:]], dim=1)
+    ended = done.view(*done.shape[:2], *([1] * (values.ndim - 2)))
+    return torch.where(ended, fresh, following)

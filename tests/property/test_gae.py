@@ -272,3 +272,21 @@ def test_empty_slices_give_empty_advantages(td, gamma, lmbda, data):
     )
     assert out["advantage"].shape == (*empty.batch_size, 1)
     assert out["sequence_id"].shape == empty.batch_size
+
+
+def test_the_references_on_an_empty_rollout():
+    # reference_gae raised a size mismatch for W = 0 (the fast path gives [0, T, 1]), and
+    # reference_pad "max() arg is an empty sequence"
+    from tensordict import TensorDict
+
+    from rppo_td.testing.reference import reference_pad
+
+    z, b = torch.zeros(0, 3, 1), torch.zeros(0, 3, 1, dtype=torch.bool)
+    flags = {"terminated": b, "truncated": b, "done": b}
+    td = TensorDict(
+        {"state_value": z, "next": {"reward": z, "state_value": z, **flags}}, batch_size=[0, 3]
+    )
+    advantage, target = reference_gae(td, 0.9, 0.9)
+    assert advantage.shape == target.shape == (0, 3, 1)
+    with pytest.raises(ValueError, match=r"empty rollout \(batch size \[0, 3\]\)"):
+        reference_pad(td, 2)

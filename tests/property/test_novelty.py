@@ -149,6 +149,16 @@ def test_functional_carry_and_words():
     )
     assert novel.tolist() == [[False, True]]
     assert sorted(carry.rows.squeeze(1).tolist()) == [0, 1, 2, 3]
+    # a plain (rows, worker) pair is a carry too (it raised AttributeError: no 'rows')
+    again, _ = functional.episodic_novelty(
+        torch.tensor([[[2], [2]]]),
+        torch.tensor([[[1], [4]]]),
+        torch.tensor([[False, False]]),
+        (carry.rows, carry.worker),
+    )
+    assert again.tolist() == [[False, True]]
+    with pytest.raises(TypeError, match="carry must be a NoveltyCarry"):
+        functional.episodic_novelty(obs, nxt, start, [carry.rows])
     # a new episode at column 0 ignores the carry
     novel, _ = functional.episodic_novelty(
         torch.tensor([[[5]]]), torch.tensor([[[1]]]), torch.tensor([[True]]), carry

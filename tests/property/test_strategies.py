@@ -73,6 +73,29 @@ def test_rollouts_are_well_formed(td):
         assert td["recurrent_state_h"].ndim == 4
 
 
+@given(td=rollouts(with_is_init=st.booleans()))
+def test_rollouts_relate_their_keys_as_a_collector_does(td):
+    # ("next", key) was drawn apart from key[t + 1], and start states at random: GAE at
+    # lmbda = 1 then differed from the Monte-Carlo returns on the kit's own data
+    from rppo_td.testing.reference import reference_gae, reference_monte_carlo_returns
+
+    done = td["next", "done"].squeeze(-1)
+    going_on = ~done[:, :-1]
+    present, _ = _observation_keys(td)
+    for key in [*present, "state_value"]:
+        nested = ("next", *(key if isinstance(key, tuple) else (key,)))
+        assert torch.equal(td[nested][:, :-1][going_on], td[key][:, 1:][going_on]), key
+    starts = torch.zeros_like(done)
+    starts[:, 1:] = done[:, :-1]
+    if td.get("is_init", None) is not None:
+        starts |= td["is_init"].squeeze(-1)
+    for key in ("recurrent_state_h", "recurrent_state_c"):
+        if td.get(key, None) is not None:
+            assert td[key][starts].eq(0).all(), key
+    _, target = reference_gae(td, 0.9, 1.0)
+    assert torch.allclose(target, reference_monte_carlo_returns(td, 0.9), atol=1e-9)
+
+
 @given(td=rollouts(extra_starts=True))
 def test_rollouts_with_extra_starts(td):
     done = td["next", "done"]
@@ -124,6 +147,8 @@ def test_episode_ends_and_step_masks(data):
     start = data.draw(step_masks(num_workers, num_steps), label="start")
     assert start.shape == (num_workers, num_steps) and start.dtype == torch.bool
     assert bool(start[:, 0].all())
+    # no steps: an empty mask (an IndexError from inside the strategy)
+    assert data.draw(step_masks(num_workers, 0), label="no steps").shape == (num_workers, 0)
 
 
 @given(

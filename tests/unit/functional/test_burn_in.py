@@ -65,3 +65,18 @@ def test_window_refuses_non_index_dtypes_and_negative_columns():
         burn_in_window(torch.tensor([3, 4]), torch.tensor([1, 1], dtype=torch.int32), 2)
     with pytest.raises(ValueError, match=r"start_time must be >= 0, got -3"):
         burn_in_lengths(torch.tensor([-3]), torch.tensor([-5]), 2)
+
+
+def test_a_burn_in_past_int64_and_meta_or_mixed_devices():
+    # burn_in=2**63 raised torch's int64 overflow; meta tensors and two devices raised torch's
+    # errors from inside, naming no argument
+    start, first = torch.tensor([0, 4, 9]), torch.tensor([0, 2, 0])
+    assert burn_in_lengths(start, first, 2**63).tolist() == [0, 2, 9]
+    with pytest.raises(ValueError, match="'episode_first_step' is on cpu, but 'start_time'"):
+        burn_in_lengths(start.to("meta"), first, 4)
+    with pytest.raises(ValueError, match="'start_time' is a meta tensor"):
+        burn_in_lengths(start.to("meta"), first.to("meta"), 4)
+    with pytest.raises(ValueError, match="'start_time' is a meta tensor"):
+        burn_in_window(start.to("meta"), first.to("meta"), 4)
+    with pytest.raises(ValueError, match="'lengths' is on cpu, but 'start_time' is on meta"):
+        burn_in_window(start.to("meta"), first, 4)

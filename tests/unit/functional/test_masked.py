@@ -53,3 +53,27 @@ def test_mask_checks():
         ValueError, match=re.escape("mask must have dtype torch.bool, got torch.int64")
     ):
         masked_normalize(torch.zeros(2, 3), MASK.long())
+
+
+def test_half_precision_is_summed_in_float32():
+    # float16 sums overflowed past 65504: masked_mean of 10,000 values of 100 was inf, and
+    # masked_normalize of advantages of size ~30 over 64 x 16 steps returned all zeros
+    mask = torch.ones(100, 100, dtype=torch.bool)
+    for dtype in (torch.float16, torch.bfloat16):
+        mean = masked_mean(torch.full((100, 100), 100.0, dtype=dtype), mask)
+        assert mean.dtype == dtype and mean.item() == 100.0
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 16, 1, generator=g) * 30).half()
+    mask = torch.ones(64, 16, dtype=torch.bool)
+    mask[:, 12:] = False
+    y = masked_normalize(x, mask)
+    assert y.dtype == torch.float16
+    expected = masked_normalize(x.float(), mask)
+    assert torch.allclose(y.float(), expected, atol=5e-3)
+    assert y[~mask].eq(0).all()
+
+
+def test_one_number_and_its_mask():
+    # a 0-dim x and mask: a TypeError from view() inside the function
+    assert masked_mean(torch.tensor(3.0), torch.tensor(True)).item() == 3.0
+    assert masked_normalize(torch.tensor(3.0), torch.tensor(True)).item() == 0.0

@@ -130,3 +130,32 @@ def test_runs_gather_equals_the_row_gather(
     assert bool((starts + shape[1] <= workers * steps).all())
     passing = (flat_index[:, :1] + shape[1] > workers * steps) & mask
     assert sorted(moved_positions.tolist()) == passing.flatten().nonzero().flatten().tolist()
+
+
+def test_dtypes_without_torch_gather_kernels_are_moved_as_their_bytes():
+    # uint16/32/64 and float8 raised torch's NotImplementedError ("index_select" or
+    # "index_fill_cpu" not implemented), though the docstring says any dtype
+    import pytest
+
+    from rppo_td.functional import chunk_episodes, sequence_layout
+
+    sid, off = chunk_episodes(torch.tensor([[True, False, True, False, False]]), 2)
+    idx, mask = sequence_layout(sid, off)
+    pads = padding_positions(mask)
+    real = mask.flatten().nonzero().squeeze(1)
+    names = ["uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2"]
+    dtypes = [getattr(torch, name) for name in names if hasattr(torch, name)]
+    if not dtypes:
+        pytest.skip("this torch has none of these dtypes")
+    for dtype in dtypes:
+        for feature in ((), (3,)):
+            n = 5 * (feature[0] if feature else 1)
+            x = torch.arange(1, n + 1).view(1, 5, *feature).to(torch.float32).to(dtype)
+            padded = pad_sequences(x, idx, pads)
+            assert padded.dtype == dtype
+            as_float = padded.to(torch.float32)
+            assert torch.equal(as_float[mask], x.to(torch.float32)[0][idx[mask]])
+            assert as_float[~mask].eq(0).all()
+            back = unpad_sequences(padded, idx.flatten()[real], real, 5)
+            assert back.dtype == dtype
+            assert torch.equal(back.to(torch.float32), x.to(torch.float32).view(5, *feature))

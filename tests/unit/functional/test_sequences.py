@@ -86,3 +86,16 @@ def test_sequence_layout_checks():
         match=re.escape("'sequence_offset' must have dtype torch.int64, got torch.int32"),
     ):
         sequence_layout(ids, torch.zeros(2, 3, dtype=torch.int32))
+
+
+def test_a_sequence_length_past_int64_is_whole_fragments():
+    # L = 2**63 gave negative offsets on the torch path and an OverflowError on the native one
+    from rppo_td._native import native_kernels
+
+    start = torch.tensor([[True, False, False, True, False]])
+    whole = chunk_episodes(start, None)
+    for length in (5, 2**62, 2**63, 2**64, 10**30):
+        for native in (False, True):
+            with native_kernels(native):
+                got = chunk_episodes(start, length)
+            assert all(torch.equal(a, b) for a, b in zip(got, whole, strict=True)), (length, native)
