@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
-from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
 from rppo_td.functional import plan_minibatches
@@ -111,6 +111,27 @@ class SequenceReplaySampler(Sampler):
             self._next += 1
             return index, {}
 
+    def _stored_mask(self, storage: Storage, count: int) -> torch.Tensor | None:
+        """The stored sequences' ``loss_mask`` ``[count, Lp]``, or None where none is stored.
+
+        From a ``TensorStorage`` (``LazyTensorStorage``, ``LazyMemmapStorage``) the leaf alone
+        is read: ``storage.get`` gathered every leaf of every stored sequence (the whole
+        buffer, once per epoch) to read this one, half of an image epoch's time.
+        """
+        held = getattr(storage, "_storage", None)
+        if isinstance(storage, TensorStorage) and isinstance(held, TensorDictBase):
+            mask = held.get(self.keys.loss_mask, None)
+            # its first ``count`` rows are the stored ones, as ``storage.get`` reads them
+            return None if mask is None else mask[:count]
+        stored = storage.get(torch.arange(count))
+        if not isinstance(stored, TensorDictBase):
+            raise TypeError(
+                f"SequenceReplaySampler reads loss_mask from a storage of tensordicts (such as "
+                f"LazyTensorStorage or LazyMemmapStorage); {type(storage).__name__} returned "
+                f"{type(stored).__name__}"
+            )
+        return stored.get(self.keys.loss_mask, None)
+
     def _draw_epoch(self, storage: Storage) -> list[torch.Tensor]:
         ndim = getattr(storage, "ndim", 1)
         if ndim != 1:
@@ -122,14 +143,7 @@ class SequenceReplaySampler(Sampler):
         count = len(storage)
         if count == 0:
             raise RuntimeError("SequenceReplaySampler cannot sample from an empty storage")
-        stored = storage.get(torch.arange(count))
-        if not isinstance(stored, TensorDictBase):
-            raise TypeError(
-                f"SequenceReplaySampler reads loss_mask from a storage of tensordicts (such as "
-                f"LazyTensorStorage or LazyMemmapStorage); {type(storage).__name__} returned "
-                f"{type(stored).__name__}"
-            )
-        mask = stored.get(self.keys.loss_mask, None)
+        mask = self._stored_mask(storage, count)
         if mask is None:
             raise KeyError(
                 f"SequenceReplaySampler needs {self.keys.loss_mask!r} in the stored sequences "

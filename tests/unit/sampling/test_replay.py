@@ -267,3 +267,42 @@ def test_a_write_to_the_buffer_starts_a_new_epoch():
         break
     sampler.ran_out = False
     assert len([i for mb in buffer for i in mb["uid"][:, 0].tolist()]) == 6
+
+
+def test_an_epoch_is_planned_from_the_stored_loss_mask_alone():
+    # the plan read every stored sequence's every leaf (storage.get of the whole buffer) to
+    # read loss_mask: half of an image epoch's time. Now only the minibatches are read, and
+    # the plans are the same as from the whole sequences
+    from torchrl.data import LazyMemmapStorage
+
+    lengths = torch.randint(1, 6, (12, 1), generator=torch.Generator().manual_seed(1))
+    mask = torch.arange(5) < lengths
+    data = TensorDict(
+        {"loss_mask": mask, "uid": torch.arange(12).unsqueeze(-1).expand(12, 5)},
+        batch_size=[12, 5],
+    )
+    orders = []
+    for storage in (LazyTensorStorage(16), LazyMemmapStorage(16)):
+        sampler = SequenceReplaySampler(3, generator=torch.Generator().manual_seed(0))
+        buffer = ReplayBuffer(storage=storage, sampler=sampler)
+        buffer.extend(data[:8])
+        buffer.extend(data[8:])  # not full: only the first 12 of 16 rows are stored
+        read = _count_reads(storage)
+        order = [buffer.sample(1)["uid"][:, 0].tolist() for _ in range(3)]
+        assert sorted(uid for group in order for uid in group) == list(range(12))
+        orders.append(order)
+        assert sum(read) == 12, read  # the three minibatches, nothing more
+    assert orders[0] == orders[1]
+
+
+def _count_reads(storage) -> list[int]:
+    """The number of sequences of each ``storage.get`` from now on."""
+    read: list[int] = []
+    get = storage.get
+
+    def counted(index):
+        read.append(torch.as_tensor(index).numel())
+        return get(index)
+
+    storage.get = counted
+    return read
