@@ -185,8 +185,11 @@ def main(cfg: Config) -> None:
         rppo_td.SequenceChunker(sequence_length=cfg.sequence_length),
         rppo_td.SequencePadder(),
     )
+    # this process alone learns, from all the collectors' data: rank=0, world_size=1 (the
+    # default group is TorchRL's, with the collectors in it; read from it, the sampler would
+    # shard this rollout over them, as if each were a learner)
     sampler = rppo_td.SequenceSampler(
-        cfg.num_minibatches, generator=torch.Generator().manual_seed(cfg.seed)
+        cfg.num_minibatches, generator=torch.Generator().manual_seed(cfg.seed), rank=0, world_size=1
     )
     loss_fn = rppo_td.RecurrentPPOLoss(
         actor, critic, clip_epsilon=0.2, entropy_coeff=0.01, normalize_advantage=True
@@ -231,14 +234,18 @@ def main(cfg: Config) -> None:
                 )
             with torch.no_grad():  # the weights the collectors ran, if the push worked
                 stale = loss_fn(padded)["max_ratio"].item() - 1
-            for _ in range(cfg.epochs):
+            for epoch in range(cfg.epochs):
+                seen = 0
                 for minibatch in sampler(padded):  # [B, Lp]
+                    seen += int(minibatch["loss_mask"].sum())
                     losses = loss_fn(minibatch)
                     loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                     optimizer.zero_grad()
                     loss.backward()
                     nn.utils.clip_grad_norm_(loss_fn.parameters(), 0.5)
                     optimizer.step()
+                if update == 0 and epoch == 0:  # every real step, once an epoch
+                    print(f"epoch 1   {seen} of {int(padded['loss_mask'].sum())} real steps")
             value_error = masked_mean(
                 (padded["value_target"] - padded["state_value"]).abs(), padded["loss_mask"]
             )

@@ -7,6 +7,7 @@ and fall back to a single process (rank 0 of 1) otherwise.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch
@@ -16,6 +17,8 @@ __all__ = [
     "all_reduce",
     "check_process_group",
     "check_shard_args",
+    "gather_ints",
+    "settings_across_group",
     "group_world_size",
     "resolve_group",
     "resolve_shard",
@@ -67,6 +70,13 @@ def check_process_group(process_group: object, owner: str) -> None:
         return
     if dist.is_available() and isinstance(process_group, dist.ProcessGroup):
         return
+    if dist.is_available() and process_group is dist.GroupMember.NON_GROUP_MEMBER:
+        rank = dist.get_rank() if _is_initialized() else "?"
+        raise ValueError(
+            f"{owner}: this process (rank {rank}) is not a member of process_group "
+            "(torch.distributed.new_group gave GroupMember.NON_GROUP_MEMBER here): give "
+            "process_group=None on the ranks outside the group"
+        )
     raise ValueError(
         f"{owner}: process_group must be None, 'default' or a torch.distributed.ProcessGroup, "
         f"got {process_group!r}"
@@ -103,3 +113,52 @@ def all_reduce(
     out = tensor.detach().clone()
     dist.all_reduce(out, op=op, group=group)
     return out
+
+
+def gather_ints(values: list[int], timeout_s: float | None = None) -> list[list[int]] | None:
+    """Every rank's ``values`` (int64s) over the default group, in rank order (one all-gather).
+
+    The tensors live where the group's backend takes them: this process's CUDA device for
+    NCCL, the CPU otherwise. With ``timeout_s`` (gloo), None where the other ranks have not
+    all joined within it (the group's own timeout is 30 minutes).
+    """
+    on_cuda = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    work = dist.all_gather(gathered, mine, async_op=True)
+    if timeout_s is None or on_cuda:
+        work.wait()
+    else:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower():
+                raise
+            return None
+    return [[int(v) for v in g.tolist()] for g in gathered]
+
+
+def settings_across_group(settings: dict[str, Any], group: Any, owner: str) -> None:
+    """Refuses, on every rank of ``group``, ``settings`` that differ from rank 0's of it.
+
+    One ``all_gather_object``; every rank gets the same answer, so all raise together (a
+    rank with other options ran other collectives and broke off in gloo's "collective
+    mismatch", naming nothing).
+    """
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, settings, group=group)
+    first = gathered[0]
+    differ = [
+        f"{name}={other.get(name)!r} on rank {rank} but {first.get(name)!r} on rank 0"
+        for rank, other in enumerate(gathered[1:], 1)
+        for name in sorted(set(first) | set(other))
+        if other.get(name) != first.get(name)
+    ]
+    if differ:
+        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise ValueError(
+            f"{owner}: the ranks of process_group were built with different options: "
+            f"{'; '.join(differ[:3])}{more} (ranks of the group in its own order); build it "
+            "with the same options on every rank"
+        )

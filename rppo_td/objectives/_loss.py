@@ -20,7 +20,12 @@ from torchrl.objectives import ClipPPOLoss, PPOLoss
 from torchrl.objectives.utils import ValueEstimators, distance_loss
 from torchrl.objectives.value import TD0Estimator
 
-from rppo_td._distributed import all_reduce, check_process_group, resolve_group
+from rppo_td._distributed import (
+    all_reduce,
+    check_process_group,
+    resolve_group,
+    settings_across_group,
+)
 from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._validation import MissingKeyError, get_key
 from rppo_td._values import functional_parameters, state_dtype_error, torchrl_cores
@@ -101,7 +106,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
     ``reduction="sum"``/``"none"`` (nothing is divided) and TorchRL's ``advantage_norm`` normaliser.
     Each call then holds 3 (4 with ``normalize_advantage``) small all-reduces: every rank of the
     group must call the loss the same number of times (the sampler's equal minibatch counts see to
-    that). The advantage statistics are treated as constants (an ``advantage`` that requires grad is
+    that, given the same ``num_minibatches`` and epochs on every rank). The first call also
+    compares the options across the group and refuses, on every rank, options that differ.
+    The advantage statistics are treated as constants (an ``advantage`` that requires grad is
     not differentiated through them).
 
     Inputs: ``[B, Lp]`` (or ``[W, T]``) with the actor's and critic's inputs,
@@ -229,6 +236,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
             )
         self.normalize_advantage_eps = float(normalize_advantage_eps)
         self.process_group = process_group
+        self._group_checked = False  # the options compared across the group, at the first call
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
         self._recurrent: tuple[tuple[str, Any, Any, torch.Tensor, list, Any], ...] | None = None
         # False: the trunk runs once per network whatever the networks say (what
@@ -404,6 +412,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             # one would fail in log_prob or give NaN gradients (0 * inf) through the network
             tensordict.set(key, _pad_with_a_real_one(get_key(tensordict, key), mask))
         group, world_size = resolve_group(self.process_group)
+        if group is not None and not self._group_checked:
+            settings_across_group(self._group_options(), group, "RecurrentPPOLoss")
+            self._group_checked = True
         count = mask.sum()
         # the loss terms' denominator; with a group, C / world_size for C real steps in all
         denominator: torch.Tensor = count
@@ -509,6 +520,33 @@ class RecurrentPPOLoss(ClipPPOLoss):
         td_out = TensorDict({**out, **stats}, batch_size=[])
         self._clear_weakrefs(tensordict, td_out, *_PARAMS)
         return td_out
+
+    def _group_options(self) -> dict[str, Any]:
+        """The options the ranks of a group must share.
+
+        Those that change the collectives each call runs, or the loss whose gradient the
+        ranks average.
+        """
+
+        def plain(value: Any) -> Any:
+            return value.tolist() if isinstance(value, torch.Tensor) else value
+
+        names = [
+            "normalize_advantage",
+            "clip_value",
+            "log_explained_variance",
+            "entropy_bonus",
+            "clip_epsilon",
+            "critic_coeff",
+            "entropy_coeff",
+            "loss_critic_type",
+            "reduction",
+            "normalize_advantage_eps",
+            "separate_losses",
+        ]
+        options = {name: plain(getattr(self, name, None)) for name in names}
+        options["advantage_norm"] = self.advantage_norm is not None
+        return options
 
     def _masked_entropy(
         self, dist: Any, adv_shape: torch.Size, mask: torch.Tensor

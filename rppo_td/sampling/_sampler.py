@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from rppo_td._buffers import OutputPool
-from rppo_td._distributed import check_shard_args, resolve_shard
+from rppo_td._distributed import check_shard_args, gather_ints, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
 from rppo_td._layout import (
     ScalarStack,
@@ -252,10 +252,13 @@ class SequenceSampler:
       exactly one rank, and every rank yields exactly ``num_minibatches`` minibatches (unequal
       counts would hang DDP's gradient all-reduce). The ranks agree only because they draw the
       same plan: **every rank must hold an identically seeded ``generator``** (for
-      ``generator=None``, an identically seeded global generator), consumed identically; nothing
-      checks this. With the interleaved assignment, the ranks' ``k``-th minibatches together
-      are one contiguous stretch of the shuffled order: the ``k``-th minibatch a single process
-      draws from the same generator (exactly so while ``S / (M * world_size)`` exceeds the
+      ``generator=None``, an identically seeded global generator), consumed identically. With
+      ``rank``/``world_size`` read from the default group each epoch checks it (one
+      all-gather of four numbers) and every rank refuses ranks that hold different rollouts or
+      drew different plans; given explicitly (a subgroup) nothing is checked. With the
+      interleaved assignment, the ranks' ``k``-th minibatches together are one contiguous
+      stretch of the shuffled order: the ``k``-th minibatch a single process draws from the
+      same generator (exactly so while ``S / (M * world_size)`` exceeds the
       longest sequence, when no cut is adjusted).
     - *Each rank its own rollout* (DDP with its own envs per rank): pass ``rank=0,
       world_size=1``, so each rank shuffles and splits all of its own data. Every rank yields
@@ -266,7 +269,8 @@ class SequenceSampler:
     process (``world_size=1``): exactly the minibatches of a sampler without sharding, for the
     same generator state. The group is read at each call, so the sampler may be built before
     ``init_process_group``. **Both None with a group initialised means the shared-rollout use:**
-    a rank that passes its own rollout that way silently trains on one ``world_size``-th of it.
+    ranks that pass their own rollouts that way (which would each train on one
+    ``world_size``-th of theirs) are refused at the first epoch.
 
     Refused with a ``ValueError`` naming the key or argument: more minibatches than sequences
     (``num_minibatches * world_size`` of them when sharded); only one of ``rank`` and
@@ -308,6 +312,10 @@ class SequenceSampler:
     #: that is gathered at once. Below it per-operation overhead costs more than holding the
     #: whole epoch (``benchmarks/pipeline.py``).
     epoch_gather_bytes: int = 64 << 20
+
+    #: With ``rank``/``world_size`` read from the default group: how long an epoch waits for
+    #: the other ranks to compare their plans (gloo) before it refuses, saying why.
+    plan_check_timeout_s: float = 300.0
 
     def __init__(
         self,
@@ -355,7 +363,10 @@ class SequenceSampler:
         return resolve_shard(self.rank, self.world_size)
 
     def _groups(
-        self, lengths: torch.Tensor, require: list[tuple[torch.Tensor, str]] | None = None
+        self,
+        lengths: torch.Tensor,
+        td: TensorDictBase,
+        require: list[tuple[torch.Tensor, str]] | None = None,
     ) -> list[torch.Tensor]:
         rank, world_size = self.shard()
         total = self.num_minibatches * world_size
@@ -377,6 +388,8 @@ class SequenceSampler:
             balance=self.balance,
             require=require or (),
         )
+        if world_size > 1 and self.rank is None:  # the shard read from the default group
+            _check_shared_plan(lengths, groups, td, rank, self.plan_check_timeout_s)
         return groups[rank::world_size]
 
     def _from_padded(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
@@ -396,7 +409,7 @@ class SequenceSampler:
         check_dtype(self.keys.loss_mask, mask, torch.bool)
         check_not_meta({self.keys.loss_mask: mask})
         lengths = mask.sum(-1)
-        groups = self._groups(lengths, mask_conditions(self.keys.loss_mask, lengths, mask))
+        groups = self._groups(lengths, td, mask_conditions(self.keys.loss_mask, lengths, mask))
         rows = sum(index.numel() for index in groups)
         size, grad = leaf_stats(td)
         if self._at_once(len(groups), size * rows // max(td.batch_size[0], 1), grad):
@@ -405,7 +418,7 @@ class SequenceSampler:
 
     def _from_rollout(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         layout = SequenceLayout.from_rollout(td, self.keys, "SequenceSampler", pad_to=self.pad_to)
-        groups = self._groups(layout.lengths())
+        groups = self._groups(layout.lengths(), td)
         rows = sum(index.numel() for index in groups)
         positions = rows * layout.flat_index.shape[1]
         steps = layout.num_workers * layout.time_steps
@@ -441,6 +454,79 @@ class SequenceSampler:
             return self.gather_epoch
         # slices of one gather share its graph: a backward per minibatch would fail
         return num_groups > 1 and not grad and epoch_bytes <= self.epoch_gather_bytes
+
+
+def _check_shared_plan(
+    lengths: torch.Tensor,
+    groups: list[torch.Tensor],
+    td: TensorDictBase,
+    rank: int,
+    timeout_s: float,
+) -> None:
+    """Refuses, on every rank, ranks that do not hold one rollout and draw one plan of it.
+
+    Sharding with ``rank``/``world_size`` read from the default group assumes one rollout
+    shared by all ranks, identically seeded generators: a rank that passed its own rollout
+    so trained on a ``world_size``-th of it, and ranks with other seeds skipped some
+    sequences and took others twice, all in silence. One all-gather of four numbers per
+    epoch (the sequences, their real steps, a fingerprint of the data and one of the plan)
+    compares them; every rank gets the same answer, so all raise together.
+    """
+    order = torch.cat(groups)
+    weights = torch.arange(order.numel(), device=order.device) % 1021 + 1
+    sizes = torch.tensor([index.numel() for index in groups], device=order.device)
+    counts = torch.arange(1, sizes.numel() + 1, device=order.device)
+    plan = ((order + 1) * weights).sum() + (sizes * counts).sum()
+    mine = [lengths.numel(), int(lengths.sum()), _fingerprint(td), int(plan)]
+    every = gather_ints(mine, timeout_s)
+    if every is None:
+        raise ValueError(
+            f"SequenceSampler on rank {rank} shards one rollout over the default process "
+            "group (rank and world_size not given), but the group's other ranks did not plan "
+            f"an epoch within {timeout_s:g} s: a group that holds processes that do not learn "
+            "(TorchRL's distributed collectors) is not a group of learners; pass rank=0, "
+            "world_size=1 to sample this process's rollout (plan_check_timeout_s sets the "
+            "wait for slow ranks)"
+        )
+    if all(values == mine for values in every):
+        return
+    sequences = sorted({values[0] for values in every})
+    steps = sorted({values[1] for values in every})
+    rollouts_differ = len(sequences) > 1 or len(steps) > 1 or len({v[2] for v in every}) > 1
+    what = (
+        f"hold different rollouts (sequences {sequences[0]} to {sequences[-1]}, real steps "
+        f"{steps[0]} to {steps[-1]} over the {len(every)} ranks)"
+        if rollouts_differ
+        else "drew different plans of the same rollout (their generators differ)"
+    )
+    raise ValueError(
+        f"SequenceSampler on rank {rank} shards one rollout shared by the {len(every)} ranks "
+        f"of the default process group (rank and world_size not given), but the ranks {what}: "
+        "to sample each rank's own rollout pass rank=0, world_size=1; to shard one rollout "
+        "give every rank the same rollout and an identically seeded generator"
+    )
+
+
+def _fingerprint(td: TensorDictBase) -> int:
+    """The bits of ``td``'s first floating leaf (by key) summed as int64, wrapping.
+
+    Exact and the same in any summation order, so equal data gives equal numbers on every rank.
+    """
+    # a padder output's leaves not gathered yet stay so: their rollout's values are read
+    leaves = raw_leaves(td) if type(td) is TensorDict else None
+    if leaves is None:
+        leaves = list(td.items(include_nested=True, leaves_only=True))
+    floats = [
+        (str(key), value.source if type(value) is Pending else value)
+        for key, value in leaves
+        if isinstance(value.source if type(value) is Pending else value, torch.Tensor)
+    ]
+    floats = [(key, value) for key, value in floats if value.is_floating_point()]
+    if not floats:
+        return 0
+    value = min(floats, key=lambda item: item[0])[1]
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
+    return int(value.detach().contiguous().view(bits).sum(dtype=torch.int64))
 
 
 def _slices_of(

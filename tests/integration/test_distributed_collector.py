@@ -77,6 +77,13 @@ def test_rollout_layout(tiny_run: str) -> None:
     assert "rollout   (4, 32)  (W, T)" in tiny_run
 
 
+def test_every_real_step_is_learned_from(tiny_run: str) -> None:
+    # the sampler read its shard from TorchRL's process group (this process and the two
+    # collectors): it took this process for one of 3 learners and used a third of each rollout
+    seen, total = map(int, re.findall(r"epoch 1   (\d+) of (\d+) real steps", tiny_run)[0])
+    assert seen == total == 128, tiny_run
+
+
 def test_collectors_run_the_pushed_weights(tiny_run: str) -> None:
     # the loss's max_ratio on a fresh rollout: 1 when the collectors' weights are the trainer's
     # (about 1 + 7e-3 at update 2 when update_policy_weights_ is left out)

@@ -98,6 +98,37 @@ def _step(loss: RecurrentPPOLoss, net: RecurrentActorCritic, minibatch: TensorDi
     return total.detach(), grads, {key: out[key] for key in STATS if out.get(key, None) is not None}
 
 
+def _refusals(net: RecurrentActorCritic, rank: int) -> dict[str, str]:
+    """Each rank's error for each misuse: all ranks must raise it (none left waiting)."""
+    seeded = torch.Generator().manual_seed
+    misuses = {
+        # the README's sampler (shard from the group) given each rank's own rollout: each
+        # rank trained on half of it, in silence
+        "own rollouts, sharded": lambda: list(
+            SequenceSampler(MINIBATCHES, generator=seeded(7))(_data(net, 1 + rank, 9))
+        ),
+        # one rollout, generators seeded apart: sequences skipped or taken twice
+        "other seeds, sharded": lambda: list(
+            SequenceSampler(MINIBATCHES, generator=seeded(rank))(_data(net, 0, 13))
+        ),
+        # other loss options: other collectives per call, a gloo "collective mismatch"
+        "other loss options": lambda: RecurrentPPOLoss(
+            RecurrentActor(net),
+            RecurrentCritic(net),
+            normalize_advantage=rank == 1,
+            process_group="default",
+        )(_data(net, 0, 4)),
+    }
+    refused = {}
+    for name, misuse in misuses.items():
+        try:
+            misuse()
+            refused[name] = ""
+        except ValueError as err:
+            refused[name] = str(err)
+    return refused
+
+
 def _worker(rank: int, out_path: str) -> None:
     """One rank: both sampler uses, both loss configs; results saved to ``out_path``."""
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -123,6 +154,7 @@ def _worker(rank: int, out_path: str) -> None:
                     averaged.append(grad / WORLD)
                 steps.append({"minibatch": minibatch, "loss": total, "grads": averaged, **stats})
             results[use, config] = steps
+    results["refused"] = _refusals(net, rank)
     torch.save(results, out_path)
     dist.barrier()
     dist.destroy_process_group()
@@ -201,6 +233,20 @@ def test_averaged_gradient_equals_one_process_on_the_union(ranks, use, config):
         assert any(not torch.allclose(a, b) for a, b in zip(naive, grads, strict=True))
 
 
+def test_misuses_across_ranks_are_refused_on_every_rank(ranks):
+    refused = [rank["refused"] for rank in ranks]
+    for rank, errors in enumerate(refused):
+        assert errors["own rollouts, sharded"].startswith(
+            f"SequenceSampler on rank {rank} shards one rollout shared by the 2 ranks"
+        ), errors
+        assert "ranks hold different rollouts (sequences 9 to 9" in errors["own rollouts, sharded"]
+        assert "pass rank=0, world_size=1" in errors["own rollouts, sharded"]
+        assert "drew different plans of the same rollout" in errors["other seeds, sharded"]
+        assert (
+            "normalize_advantage=True on rank 1 but False on rank 0" in errors["other loss options"]
+        ), errors
+
+
 def test_shared_rollout_shards_are_disjoint_and_cover(ranks):
     rows = [
         [int(r) for step in rank[("shared", "plain")] for r in step["minibatch"]["row"][:, 0]]
@@ -229,3 +275,48 @@ def test_bad_process_group():
     net = _net()
     with pytest.raises(ValueError, match="process_group must be None, 'default' or a torch"):
         _loss(net, "plain", "world")
+    # what new_group gives a rank outside it: "must be None, ... got -100" before
+    with pytest.raises(ValueError, match=r"is not a member of process_group \(torch"):
+        _loss(net, "plain", dist.GroupMember.NON_GROUP_MEMBER)
+
+
+LONE_SAMPLER = """
+import os, sys, time
+import torch, torch.distributed as dist
+from tensordict import TensorDict
+from rppo_td import SequenceSampler
+dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=2)
+if dist.get_rank() == 0:  # a learner; rank 1 stands for a collector that never samples
+    mask = torch.arange(4) < torch.tensor([4, 1, 3, 2, 4, 1])[:, None]
+    sampler = SequenceSampler(2, generator=torch.Generator().manual_seed(0))
+    sampler.plan_check_timeout_s = 2
+    try:
+        list(sampler(TensorDict({"loss_mask": mask}, batch_size=[6, 4])))
+    except ValueError as err:
+        print(err, flush=True)
+else:
+    time.sleep(6)
+os._exit(0)
+"""
+
+
+def test_a_group_whose_other_ranks_never_sample_is_refused_after_the_timeout(tmp_path):
+    # TorchRL's distributed collectors share the trainer's default group: a sampler reading
+    # its shard from it took the trainer for one of 3 learners (a third of each rollout)
+    script = tmp_path / "lone.py"
+    script.write_text(LONE_SAMPLER)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert "did not plan an epoch within 2 s" in outputs[0], outputs
+    assert "pass rank=0, world_size=1" in outputs[0], outputs

@@ -892,6 +892,7 @@ def test_agents_layout_means_over_every_agent_step(grouped, monkeypatch):
 
     if grouped:  # the process-group path, as one rank: its all-reduces are the identity
         monkeypatch.setattr(_loss, "resolve_group", lambda group: (object(), 1))
+        monkeypatch.setattr(_loss, "settings_across_group", lambda *args: None)
         monkeypatch.setattr(_loss, "all_reduce", lambda x, group, op=None: x.detach().clone())
     b, lp, a = 3, 4, 3
     torch.manual_seed(0)
