@@ -508,7 +508,7 @@ def _check_shared_plan(
 
 
 def _fingerprint(td: TensorDictBase) -> int:
-    """The bits of ``td``'s first floating leaf (by key) summed as int64, wrapping.
+    """The bits of ``td``'s smallest floating leaf (then by key) summed as int64, wrapping.
 
     Exact and the same in any summation order, so equal data gives equal numbers on every rank.
     """
@@ -524,7 +524,7 @@ def _fingerprint(td: TensorDictBase) -> int:
     floats = [(key, value) for key, value in floats if value.is_floating_point()]
     if not floats:
         return 0
-    value = min(floats, key=lambda item: item[0])[1]
+    value = min(floats, key=lambda item: (item[1].numel(), item[0]))[1]  # the cheapest
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
     return int(value.detach().contiguous().view(bits).sum(dtype=torch.int64))
 
