@@ -390,6 +390,8 @@ def unpad_rows(
     """``unpad_sequences`` without the entry checks (``SequencePadder.inv`` checks once)."""
     feature = padded.shape[2:]
     rows = padded.shape[0] * padded.shape[1]
-    real = movable(padded).reshape(rows, *feature).index_select(0, real_positions)
-    out = real.new_empty((num_steps, *feature))
-    return out.index_copy_(0, flat_destination, real).view(padded.dtype)
+    moved = movable(padded)
+    real = moved.reshape(rows, *feature).index_select(0, real_positions)
+    out = real.new_empty((num_steps, *feature)).index_copy_(0, flat_destination, real)
+    # view(dtype) is no view to autograd: only the dtypes moved as their bytes take it
+    return out if moved is padded else out.view(padded.dtype)

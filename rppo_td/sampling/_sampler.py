@@ -182,7 +182,9 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
             dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
             torch.index_select(movable(value), 0, rows, out=movable(dest))
             gathered[key] = dest
-        else:  # uint16, float8, ...: gathered as the same bytes (movable)
+        elif movable(value) is value:
+            gathered[key] = value.index_select(0, rows)  # autograd sees it (view(dtype) not)
+        else:  # uint16, float8, ...: gathered as the same bytes
             gathered[key] = movable(value).index_select(0, rows).view(value.dtype)
     source: dict = {}
     for key, _ in leaves:

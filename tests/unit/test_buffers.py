@@ -127,7 +127,7 @@ def _three_updates(rollout, seed, keep):
         if keep >= 1:
             kept.append(padded)
             expected.append(fresh.clone())
-        groups = list(reference_sampler._groups(fresh.get("loss_mask").sum(-1)))
+        groups = list(reference_sampler._groups(fresh.get("loss_mask").sum(-1), fresh))
         for index, mb, from_rollout, from_reused in zip(
             groups, sampler(padded), lazy(x), reused(x), strict=True
         ):

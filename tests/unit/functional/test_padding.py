@@ -159,3 +159,17 @@ def test_dtypes_without_torch_gather_kernels_are_moved_as_their_bytes():
             back = unpad_sequences(padded, idx.flatten()[real], real, 5)
             assert back.dtype == dtype
             assert torch.equal(back.to(torch.float32), x.to(torch.float32).view(5, *feature))
+
+
+def test_unpad_keeps_the_graph():
+    # moving odd dtypes as their bytes (view(dtype)) must not cut float inputs from autograd
+    from rppo_td.functional import chunk_episodes, sequence_layout
+
+    sid, off = chunk_episodes(torch.tensor([[True, False, True]]), None)
+    idx, mask = sequence_layout(sid, off)
+    x = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    padded = pad_sequences(x, idx, padding_positions(mask))
+    real = mask.flatten().nonzero().squeeze(1)
+    back = unpad_sequences(padded, idx.flatten()[real], real, 3)
+    (back * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    assert x.grad.tolist() == [[1.0, 2.0, 3.0]]

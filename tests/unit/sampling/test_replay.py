@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 
 import pytest
 import torch
@@ -282,7 +283,18 @@ def test_an_epoch_is_planned_from_the_stored_loss_mask_alone():
         batch_size=[12, 5],
     )
     orders = []
-    for storage in (LazyTensorStorage(16), LazyMemmapStorage(16)):
+    # LazyMemmapStorage installs TorchRL's own SIGTERM/SIGINT handlers in the process
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _plan_both(data, orders, LazyTensorStorage(16), LazyMemmapStorage(16))
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert orders[0] == orders[1]
+
+
+def _plan_both(data, orders, *storages):
+    for storage in storages:
         sampler = SequenceReplaySampler(3, generator=torch.Generator().manual_seed(0))
         buffer = ReplayBuffer(storage=storage, sampler=sampler)
         buffer.extend(data[:8])
@@ -292,7 +304,6 @@ def test_an_epoch_is_planned_from_the_stored_loss_mask_alone():
         assert sorted(uid for group in order for uid in group) == list(range(12))
         orders.append(order)
         assert sum(read) == 12, read  # the three minibatches, nothing more
-    assert orders[0] == orders[1]
 
 
 def _count_reads(storage) -> list[int]:

@@ -112,6 +112,10 @@ def test_reads_the_default_group_at_each_call(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
     monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    # the ranks' plans compared: as three ranks that agree
+    from rppo_td.sampling import _sampler
+
+    monkeypatch.setattr(_sampler, "gather_ints", lambda values, timeout_s: [values] * 3)
     assert sampler.shard() == (1, 3)
     padded = _padded()
     got = _rows(sampler(padded))
