@@ -17,6 +17,7 @@ __all__ = [
     "all_reduce",
     "check_process_group",
     "check_shard_args",
+    "differences_across_group",
     "gather_ints",
     "settings_across_group",
     "group_world_size",
@@ -142,9 +143,23 @@ def gather_ints(values: list[int], timeout_s: float | None = None) -> list[list[
 def settings_across_group(settings: dict[str, Any], group: Any, owner: str) -> None:
     """Refuses, on every rank of ``group``, ``settings`` that differ from rank 0's of it.
 
-    One ``all_gather_object``; every rank gets the same answer, so all raise together (a
-    rank with other options ran other collectives and broke off in gloo's "collective
-    mismatch", naming nothing).
+    Every rank gets the same answer, so all raise together (a rank with other options ran
+    other collectives and broke off in gloo's "collective mismatch", naming nothing).
+    """
+    differ = differences_across_group(settings, group)
+    if differ is not None:
+        raise ValueError(
+            f"{owner}: the ranks of process_group were built with different options: "
+            f"{differ} (ranks of the group in its own order); build it with the same options "
+            "on every rank"
+        )
+
+
+def differences_across_group(settings: dict[str, Any], group: Any = None) -> str | None:
+    """Where the ranks' ``settings`` differ from rank 0's, as one line; None where they agree.
+
+    One ``all_gather_object`` over ``group`` (None: the default group); every rank gets the
+    same answer. At most three differences are named, then how many more.
     """
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, settings, group=group)
@@ -155,10 +170,7 @@ def settings_across_group(settings: dict[str, Any], group: Any, owner: str) -> N
         for name in sorted(set(first) | set(other))
         if other.get(name) != first.get(name)
     ]
-    if differ:
-        more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
-        raise ValueError(
-            f"{owner}: the ranks of process_group were built with different options: "
-            f"{'; '.join(differ[:3])}{more} (ranks of the group in its own order); build it "
-            "with the same options on every rank"
-        )
+    if not differ:
+        return None
+    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+    return "; ".join(differ[:3]) + more

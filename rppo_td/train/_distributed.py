@@ -19,6 +19,8 @@ import torch.distributed as dist
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
+from rppo_td._distributed import differences_across_group
+
 __all__ = [
     "Ranks",
     "any_rank",
@@ -214,19 +216,7 @@ def settings_differences(settings: dict[str, Any], ranks: Ranks) -> str | None:
     if not ranks.distributed:
         return None
     own = {name: value for name, value in settings.items() if name not in RANK_OWN_SETTINGS}
-    gathered: list[Any] = [None] * ranks.world_size
-    dist.all_gather_object(gathered, own)
-    main = gathered[0]
-    differ = [
-        f"{name}={other.get(name)!r} on rank {rank} but {main.get(name)!r} on rank 0"
-        for rank, other in enumerate(gathered[1:], 1)
-        for name in sorted(set(main) | set(other))
-        if other.get(name) != main.get(name)
-    ]
-    if not differ:
-        return None
-    more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
-    return "; ".join(differ[:3]) + more
+    return differences_across_group(own)
 
 
 def wait_for_ranks() -> None:
