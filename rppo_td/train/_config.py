@@ -339,6 +339,17 @@ class TrainConfig:
             self.log_level = self.log_level.upper()
         self.validate()
 
+    def non_default_settings(self) -> dict[str, Any]:
+        """The settings whose value is not the default (``resume`` left out), by name.
+
+        What ``Trainer`` takes as asked for when a run resumed from Python gives no ``given``.
+        """
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "resume" and getattr(self, f.name) != f.default
+        }
+
     def validate(self) -> None:
         """Raises ``ValueError`` naming the first bad field, its expected and actual value.
 

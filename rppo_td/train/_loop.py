@@ -8,6 +8,7 @@ import csv
 import json
 import logging
 import math
+import numbers
 import pickle
 import signal
 import socket
@@ -129,7 +130,11 @@ class Trainer:
     Args:
         config: the settings; with ``config.resume`` set, the checkpoint there is loaded and
             ``given`` (the explicitly requested settings) is checked against it.
-        given: settings given explicitly (CLI flags, preset, config file); default: none.
+        given: settings given explicitly (CLI flags, preset, config file). None (the
+            default): none for a fresh run; for a resumed one, the settings that differ from
+            their defaults (``TrainConfig.non_default_settings``), so that a resume from
+            Python refuses settings that would change the experiment and applies those that
+            may change (threads, device, ...), as the CLI does with its flags.
 
     Example:
         >>> import tempfile
@@ -144,6 +149,18 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
         self._lock = None
         self.summary_written = False
+        self._ran = False
+        if not isinstance(config, TrainConfig):
+            raise TypeError(
+                f"Trainer needs a TrainConfig, got {type(config).__name__} (for a dict: "
+                "TrainConfig.from_dict(...))"
+            )
+        config.validate()  # again: fields set after it was built were never checked
+        if given is None and config.resume:
+            # from Python every setting that is not the default was asked for: a resume
+            # compares them with the checkpoint (and applies those that may change) as it
+            # does the CLI's flags; before, all of them were dropped without a word
+            given = config.non_default_settings()
         # under torchrun: this process's rank; rank 0 alone owns the output directory
         self.ranks = Ranks.from_environment()
         checkpoint = None
@@ -558,10 +575,37 @@ class Trainer:
         run, and after the last update, always between updates. An exception (or a second
         Ctrl-C) writes none, so the last checkpoint is the consistent state to resume from.
 
+        A trainer runs once: to go on after ``run`` stopped, resume its directory with a new
+        ``Trainer(config.replace(resume=directory))``.
+
         Args:
-            stop_after_updates: stop (as on SIGTERM) once this many updates are done; for
-                tests of ``--resume``.
+            stop_after_updates: stop (as on SIGTERM) once the run has done this many updates,
+                counted from its first (a resumed run's earlier updates included): an int
+                after the update it starts from, and at most the run's updates.
+
+        Raises:
+            RuntimeError: a second call (the first had closed the log files and the envs: a
+                second run reopened ``metrics.csv`` as a new run's and lost the first's rows).
+            ValueError: a bad ``stop_after_updates``.
         """
+        if self._ran:
+            raise RuntimeError(
+                f"Trainer.run() was called already (the run is at update "
+                f"{self.counters['update']} of {self.num_updates}): a trainer runs once; to go "
+                f"on, resume it: Trainer(config.replace(resume={str(self.directory)!r})).run()"
+            )
+        if stop_after_updates is not None:
+            first, last = self.counters["update"] + 1, self.num_updates
+            whole = isinstance(stop_after_updates, numbers.Integral)
+            whole = whole and not isinstance(stop_after_updates, bool)
+            ok = whole and first <= int(stop_after_updates) <= last
+            if not ok:
+                raise ValueError(
+                    f"stop_after_updates must be an int in [{first}, {last}] (after the update "
+                    f"the run starts from, {first - 1}, and at most its {last} updates; counted "
+                    f"from the run's first update), got {stop_after_updates!r}"
+                )
+        self._ran = True
         if self._lock is None and fcntl_available() and self.ranks.main:
             self._lock = lock_run_directory(self.directory)
         try:

@@ -805,3 +805,31 @@ def test_a_float_image_box_is_said_to_reach_the_mlp_flattened(caplog):
     with caplog.at_level("WARNING"):
         build_agent(TrainConfig())  # a vector: nothing to say
     assert "float Box" not in caplog.text
+
+
+def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
+    # a second run() on the same Trainer reopened metrics.csv as a new run's: rows 1-2 lost,
+    # summary.json said 8 updates. A resume from Python without given= dropped every other
+    # setting in silence (learning_rate, env, threads); stop_after_updates took 0, -1 or "2"
+    trainer, config = _run(tmp_path, total_steps=256)
+    assert trainer.run(stop_after_updates=2) is None
+    with pytest.raises(RuntimeError, match=r"called already \(the run is at update 2 of 4\)"):
+        trainer.run()
+    assert [row["update"] for row in _rows(tmp_path / "run")] == ["1", "2"]
+    resume = config.replace(resume=str(tmp_path / "run"))
+    with pytest.raises(ValueError, match=r"learning_rate: checkpoint 0\.004, requested 0\.1"):
+        Trainer(resume.replace(learning_rate=0.1))
+    resumed = Trainer(resume.replace(threads=2))
+    assert resumed.config.threads == 2  # a setting that may change is applied
+    for bad in (0, 2, 5, -1, "3", 3.0, True):
+        with pytest.raises(ValueError, match=r"stop_after_updates must be an int in \[3, 4\]"):
+            resumed.run(stop_after_updates=bad)
+    assert resumed.run(stop_after_updates=3) is None
+    assert [row["update"] for row in _rows(tmp_path / "run")] == ["1", "2", "3"]
+    # a config changed after it was built is checked again (a ZeroDivisionError inside)
+    changed = TrainConfig(**{**TINY, "output": str(tmp_path / "other")})
+    changed.num_workers = 0
+    with pytest.raises(ValueError, match="num_workers must be an integer in"):
+        Trainer(changed)
+    with pytest.raises(TypeError, match="Trainer needs a TrainConfig, got dict"):
+        Trainer({"total_steps": 256})
