@@ -44,6 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     stderr, nothing trained). 1: the run failed (an env fault, a refused input or a full disk
     during training; the last checkpoint is kept). 130: stopped by a signal, a checkpoint saved, or
     aborted by a second Ctrl-C, the last checkpoint kept.
+
+    A flag or value the parser refuses (an unknown flag, ``--total-steps 0``, an unknown env
+    id) ends as argparse does: its line on stderr and ``SystemExit(2)``, also when ``main`` is
+    called from Python; ``argv`` is a list of strings, as on the command line. ``log_level``
+    configures logging here (``logging.basicConfig``, so only in a process that has none
+    yet); ``train()`` and ``Trainer`` leave logging to the caller.
     """
     try:
         with terminate_as_interrupt():  # SIGTERM outside training: as a Ctrl-C

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import numbers
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,12 +74,19 @@ def episode_step_limit(env_id: str, limit: int | None = None) -> int | None:
         (None, 10000)
     """
     if limit is not None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_episode_steps must be an int >= 1, got {limit!r}")
-        return limit
+        return _whole("max_episode_steps", limit, 1)
     if gym.spec(resolve_env_id(env_id)).max_episode_steps is not None:
         return None
     return EVAL_STEP_LIMIT
+
+
+def _whole(name: str, value: object, low: int) -> int:
+    """``value`` as a Python int ``>= low`` (numpy's integers taken), or a ``ValueError``."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def _warn_cut(env_id: str, cut: int, episodes: int, limit: int, given: bool) -> None:
@@ -160,9 +168,10 @@ def evaluate_agent(
     Args:
         agent: the actor-critic (on CPU).
         env_id: gymnasium id (``module:EnvId`` accepted).
-        episodes: number of episodes (envs) ``>= 1``.
-        seed: seeds the envs (``seed + i`` for env ``i``).
-        deterministic: take the distribution's mode (True) or sample.
+        episodes: number of episodes (envs), an int ``>= 1`` (numpy's integers too).
+        seed: an int ``>= 0``; seeds the envs (``seed + i`` for env ``i``).
+        deterministic: take the distribution's mode (True) or sample (False; the samples
+            come from torch's global generator: seed it for repeatable ones).
         max_episode_steps: cut episodes still running after this many steps (a warning
             says how many); None: ``episode_step_limit``'s default (no cut for an env with a
             time limit of its own, ``EVAL_STEP_LIMIT`` steps for one without).
@@ -170,9 +179,16 @@ def evaluate_agent(
     Returns:
         ``eval_return_mean``, ``eval_return_std``, ``eval_episodes``, ``eval_returns``,
         ``eval_cut_episodes`` (how many were cut) and ``eval_wall_time_s``.
+
+    Raises:
+        ValueError: ``episodes``, ``seed`` or ``max_episode_steps`` not a whole number in
+            range, or ``deterministic`` not a bool (each named with its value).
     """
-    if episodes < 1:
-        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    episodes = _whole("episodes", episodes, 1)
+    seed = _whole("seed", seed, 0)
+    if not isinstance(deterministic, bool | np.bool_):
+        raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
+    deterministic = bool(deterministic)
     limit = episode_step_limit(env_id, max_episode_steps)
     start = time.perf_counter()
     env = make_vector_env(env_id, episodes)
@@ -413,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--video PATH`` also records the first ``--video-episodes`` evaluated episodes (the same
     seeds and policy) in one rendering env, to a GIF or an MP4 chosen by PATH's suffix.
+
+    Refusals end as argparse's do, with ``SystemExit(2)`` (also when called from Python).
     """
     parser = ShortErrorParser(prog="rppo-eval", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or its run directory")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import gymnasium as gym
 import numpy as np
@@ -69,6 +70,28 @@ def test_an_endless_evaluation_is_cut_and_says_so(monkeypatch, caplog):
     assert "no time limit of its own" in caplog.text
     given = evaluate_agent(_agent(), ENDLESS, episodes=2, seed=0, max_episode_steps=4)
     assert (given["eval_returns"], given["eval_cut_episodes"]) == ([4.0, 4.0], 2)
+
+
+def test_evaluate_agent_checks_its_arguments_by_name():
+    # np.int64(2) episodes gave "num_envs must be an int >= 1" (a name of inside), "2" a
+    # TypeError from a comparison, deterministic="no" was taken as True, seed=None unseeded
+    import numpy as np
+
+    agent = _agent("CartPole-v1")
+    result = evaluate_agent(
+        agent, "CartPole-v1", episodes=np.int64(2), seed=np.int64(3), max_episode_steps=np.int64(5)
+    )
+    assert result["eval_returns"] == [5.0, 5.0]
+    bad = [
+        ({"episodes": 2.0}, "episodes must be an int >= 1, got 2.0"),
+        ({"episodes": "2"}, "episodes must be an int >= 1, got '2'"),
+        ({"episodes": True}, "episodes must be an int >= 1, got True"),
+        ({"seed": None}, "seed must be an int >= 0, got None"),
+        ({"deterministic": "no"}, "deterministic must be True or False, got 'no'"),
+    ]
+    for given, message in bad:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            evaluate_agent(agent, "CartPole-v1", **{"episodes": 2, "seed": 0, **given})
 
 
 def test_an_env_that_ends_its_episodes_is_not_cut():
