@@ -8,6 +8,7 @@ import logging
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -547,9 +548,14 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any], *, where: str = "config") -> TrainConfig:
         """Builds a config, refusing unknown keys with a ``KeyError`` naming them.
 
-        Renamed settings are read under their old names (``renamed_settings``).
+        Renamed settings are read under their old names (``renamed_settings``). Anything but
+        a mapping of setting names is refused with a ``TypeError`` naming ``where``.
         """
-        return cls(**_known_settings(values, where=where))
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                f"{where} must be a mapping of setting names to values, got {type(values).__name__}"
+            )
+        return cls(**_known_settings(dict(values), where=where))
 
     @staticmethod
     def check_each(values: dict[str, Any], *, where: str = "config") -> None:

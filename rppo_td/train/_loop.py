@@ -127,6 +127,13 @@ class _StopFlag:
 class Trainer:
     """One run of recurrent PPO, fresh or resumed, writing everything to its output directory.
 
+    A run owns its process's random state, as a script's ``main`` would: it seeds torch's,
+    numpy's and ``random``'s global generators from ``config.seed`` (a resume restores the
+    checkpoint's), and ``threads`` (default 1) sets torch's thread count, which stays so
+    after the run; save and restore them around it where the caller's own streams matter.
+    Logging is the caller's (``rppo-train`` configures it from ``log_level``). Signal
+    handlers are installed while it trains and restored after.
+
     Args:
         config: the settings; with ``config.resume`` set, the checkpoint there is loaded and
             ``given`` (the explicitly requested settings) is checked against it.

@@ -10,7 +10,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rppo_td.train._checkpoint import ENV_STATE_PREFIX, env_state_files
 
@@ -234,22 +234,37 @@ class DirectoryLock:
     lock when its holder exits, however it exits, so a killed run never leaves a stale lock.
     """
 
+    #: the directories this process holds locked (resolved), to say who holds a refused one
+    held: ClassVar[set[Path]] = set()
+
     def __init__(self, directory: Path) -> None:
+        self._path: Path | None = None
         self._fd: int | None = os.open(directory, os.O_RDONLY)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             self.close()
+            if directory.resolve() in DirectoryLock.held:
+                raise ValueError(
+                    f"output directory {str(directory)!r} is held by another Trainer of this "
+                    "process, built but not run or released (a notebook cell run again?): "
+                    "call its release(), or delete it, first"
+                ) from None
             raise ValueError(
                 f"output directory {str(directory)!r} is in use by another rppo-train run; "
                 "wait for it to end, or choose another --output"
             ) from None
+        self._path = directory.resolve()
+        DirectoryLock.held.add(self._path)
 
     def close(self) -> None:
         """Releases the lock (idempotent)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._path is not None:
+            DirectoryLock.held.discard(self._path)
+            self._path = None
 
     def __del__(self) -> None:
         self.close()

@@ -821,6 +821,9 @@ def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
         Trainer(resume.replace(learning_rate=0.1))
     resumed = Trainer(resume.replace(threads=2))
     assert resumed.config.threads == 2  # a setting that may change is applied
+    # a second trainer on the directory (a notebook cell run again) was "another rppo-train run"
+    with pytest.raises(ValueError, match="held by another Trainer of this process"):
+        Trainer(resume)
     for bad in (0, 2, 5, -1, "3", 3.0, True):
         with pytest.raises(ValueError, match=r"stop_after_updates must be an int in \[3, 4\]"):
             resumed.run(stop_after_updates=bad)

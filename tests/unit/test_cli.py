@@ -512,3 +512,10 @@ def test_a_resume_checks_its_flags_against_the_checkpoint_not_the_defaults(capsy
     assert "--hidden-size must be an integer" in capsys.readouterr().err
     assert train.main(["--resume", str(tmp_path), "--total-steps", "1024"]) == 2
     assert "total_steps: checkpoint 512, requested 1024" in capsys.readouterr().err
+
+
+def test_from_dict_names_what_is_not_a_mapping():
+    # from_dict(None) raised "'NoneType' object is not iterable"; from_dict([]) was taken
+    for values, kind in ((None, "NoneType"), ([], "list"), ("total_steps", "str")):
+        with pytest.raises(TypeError, match=f"config must be a mapping .*, got {kind}"):
+            TrainConfig.from_dict(values)
