@@ -479,7 +479,8 @@ def _check_shared_plan(
     sizes = torch.tensor([index.numel() for index in groups], device=order.device)
     counts = torch.arange(1, sizes.numel() + 1, device=order.device)
     plan = ((order + 1) * weights).sum() + (sizes * counts).sum()
-    mine = [lengths.numel(), int(lengths.sum()), _fingerprint(td), int(plan)]
+    key, fingerprint = _fingerprint(td)
+    mine = [lengths.numel(), int(lengths.sum()), fingerprint, int(plan)]
     every = gather_ints(mine, timeout_s)
     if every is None:
         raise ValueError(
@@ -494,13 +495,19 @@ def _check_shared_plan(
         return
     sequences = sorted({values[0] for values in every})
     steps = sorted({values[1] for values in every})
-    rollouts_differ = len(sequences) > 1 or len(steps) > 1 or len({v[2] for v in every}) > 1
-    what = (
-        f"hold different rollouts (sequences {sequences[0]} to {sequences[-1]}, real steps "
-        f"{steps[0]} to {steps[-1]} over the {len(every)} ranks)"
-        if rollouts_differ
-        else "drew different plans of the same rollout (their generators differ)"
-    )
+    if len(sequences) > 1 or len(steps) > 1:
+        what = (
+            f"hold different rollouts (sequences {sequences[0]} to {sequences[-1]}, real "
+            f"steps {steps[0]} to {steps[-1]} over the {len(every)} ranks)"
+        )
+    elif len({values[2] for values in every}) > 1:
+        what = (
+            f"hold different rollouts (the same sequences, but other values of {key}; a leaf "
+            "each rank computes itself may differ in its last bits: where the rollout is "
+            "shared, give rank and world_size, which skips this check)"
+        )
+    else:
+        what = "drew different plans of the same rollout (their generators differ)"
     raise ValueError(
         f"SequenceSampler on rank {rank} shards one rollout shared by the {len(every)} ranks "
         f"of the default process group (rank and world_size not given), but the ranks {what}: "
@@ -509,10 +516,11 @@ def _check_shared_plan(
     )
 
 
-def _fingerprint(td: TensorDictBase) -> int:
-    """The bits of ``td``'s smallest floating leaf (then by key) summed as int64, wrapping.
+def _fingerprint(td: TensorDictBase) -> tuple[str, int]:
+    """``(key, bits)``: ``td``'s smallest floating leaf (then by key) and its bits summed.
 
-    Exact and the same in any summation order, so equal data gives equal numbers on every rank.
+    The sum is int64, wrapping: exact and the same in any summation order, so equal data
+    gives equal numbers on every rank. ``("", 0)`` where there is no floating leaf.
     """
     # a padder output's leaves not gathered yet stay so: their rollout's values are read
     leaves = raw_leaves(td) if type(td) is TensorDict else None
@@ -525,10 +533,10 @@ def _fingerprint(td: TensorDictBase) -> int:
     ]
     floats = [(key, value) for key, value in floats if value.is_floating_point()]
     if not floats:
-        return 0
-    value = min(floats, key=lambda item: (item[1].numel(), item[0]))[1]  # the cheapest
+        return "", 0
+    key, value = min(floats, key=lambda item: (item[1].numel(), item[0]))  # the cheapest
     bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[value.element_size()]
-    return int(value.detach().contiguous().view(bits).sum(dtype=torch.int64))
+    return key, int(value.detach().contiguous().view(bits).sum(dtype=torch.int64))
 
 
 def _slices_of(

@@ -98,6 +98,11 @@ def _step(loss: RecurrentPPOLoss, net: RecurrentActorCritic, minibatch: TensorDi
     return total.detach(), grads, {key: out[key] for key in STATS if out.get(key, None) is not None}
 
 
+def _shifted(td: TensorDict, rank: int) -> TensorDict:
+    td["action_log_prob"] = td["action_log_prob"] + 0.5 * rank
+    return td
+
+
 def _refusals(net: RecurrentActorCritic, rank: int) -> dict[str, str]:
     """Each rank's error for each misuse: all ranks must raise it (none left waiting)."""
     seeded = torch.Generator().manual_seed
@@ -106,6 +111,10 @@ def _refusals(net: RecurrentActorCritic, rank: int) -> dict[str, str]:
         # rank trained on half of it, in silence
         "own rollouts, sharded": lambda: list(
             SequenceSampler(MINIBATCHES, generator=seeded(7))(_data(net, 1 + rank, 9))
+        ),
+        # the same sequences, other values: no count tells them apart, the data's bits do
+        "own values, sharded": lambda: list(
+            SequenceSampler(MINIBATCHES, generator=seeded(7))(_shifted(_data(net, 0, 13), rank))
         ),
         # one rollout, generators seeded apart: sequences skipped or taken twice
         "other seeds, sharded": lambda: list(
@@ -242,6 +251,10 @@ def test_misuses_across_ranks_are_refused_on_every_rank(ranks):
         assert "ranks hold different rollouts (sequences 9 to 9" in errors["own rollouts, sharded"]
         assert "pass rank=0, world_size=1" in errors["own rollouts, sharded"]
         assert "drew different plans of the same rollout" in errors["other seeds, sharded"]
+        assert (
+            "the same sequences, but other values of action_log_prob"
+            in (errors["own values, sharded"])
+        ), errors
         assert (
             "normalize_advantage=True on rank 1 but False on rank 0" in errors["other loss options"]
         ), errors
