@@ -280,7 +280,10 @@ class SequenceSampler:
     padded input whose ``loss_mask`` has a row with no real step or is not a True prefix (read
     in the sync that plans the epoch); a rollout that is empty or already holds a key the
     gather writes (``worker_index``, ``time_index``, ``rollout_steps``; see
-    ``SequencePadder``); a ``generator`` that is not a ``torch.Generator`` (``TypeError``).
+    ``SequencePadder``); a ``generator`` that is not a ``torch.Generator`` (``TypeError``);
+    with the shard read from the default group, ranks that hold different rollouts or drew
+    different plans, or a group whose other ranks do not plan the epoch within
+    ``plan_check_timeout_s`` (every rank that checks refuses).
 
     Args:
         num_minibatches: ``M >= 1``; at most the number of sequences.

@@ -159,7 +159,7 @@ def evaluate_agent(
     env_id: str,
     *,
     episodes: int,
-    seed: int,
+    seed: int | None,
     deterministic: bool = True,
     max_episode_steps: int | None = None,
 ) -> dict[str, Any]:
@@ -169,7 +169,8 @@ def evaluate_agent(
         agent: the actor-critic (on CPU).
         env_id: gymnasium id (``module:EnvId`` accepted).
         episodes: number of episodes (envs), an int ``>= 1`` (numpy's integers too).
-        seed: an int ``>= 0``; seeds the envs (``seed + i`` for env ``i``).
+        seed: an int ``>= 0``, which seeds the envs (``seed + i`` for env ``i``), or None:
+            unseeded envs, other episodes at each call.
         deterministic: take the distribution's mode (True) or sample (False; the samples
             come from torch's global generator: seed it for repeatable ones).
         max_episode_steps: cut episodes still running after this many steps (a warning
@@ -185,7 +186,7 @@ def evaluate_agent(
             range, or ``deterministic`` not a bool (each named with its value).
     """
     episodes = _whole("episodes", episodes, 1)
-    seed = _whole("seed", seed, 0)
+    seed = None if seed is None else _whole("seed", seed, 0)
     if not isinstance(deterministic, bool | np.bool_):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
     deterministic = bool(deterministic)

@@ -74,7 +74,7 @@ def test_an_endless_evaluation_is_cut_and_says_so(monkeypatch, caplog):
 
 def test_evaluate_agent_checks_its_arguments_by_name():
     # np.int64(2) episodes gave "num_envs must be an int >= 1" (a name of inside), "2" a
-    # TypeError from a comparison, deterministic="no" was taken as True, seed=None unseeded
+    # TypeError from a comparison, deterministic="no" was taken as True
     import numpy as np
 
     agent = _agent("CartPole-v1")
@@ -86,7 +86,7 @@ def test_evaluate_agent_checks_its_arguments_by_name():
         ({"episodes": 2.0}, "episodes must be an int >= 1, got 2.0"),
         ({"episodes": "2"}, "episodes must be an int >= 1, got '2'"),
         ({"episodes": True}, "episodes must be an int >= 1, got True"),
-        ({"seed": None}, "seed must be an int >= 0, got None"),
+        ({"seed": -1}, "seed must be an int >= 0, got -1"),
         ({"deterministic": "no"}, "deterministic must be True or False, got 'no'"),
     ]
     for given, message in bad:
