@@ -529,7 +529,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
         """
 
         def plain(value: Any) -> Any:
-            return value.tolist() if isinstance(value, torch.Tensor) else value
+            # float tensors as float32, as TorchRL's buffers hold them: a float64 tensor of
+            # 0.2 on one rank and 0.2 on another are the same setting
+            if isinstance(value, torch.Tensor):
+                return (value.float() if value.is_floating_point() else value).tolist()
+            return value
 
         names = [
             "normalize_advantage",
@@ -546,6 +550,12 @@ class RecurrentPPOLoss(ClipPPOLoss):
         ]
         options = {name: plain(getattr(self, name, None)) for name in names}
         options["advantage_norm"] = self.advantage_norm is not None
+        # entropy_coeff as a mapping (per action head) is kept apart by TorchRL
+        per_head = getattr(self, "_entropy_coeff_map", None)
+        if per_head is not None:
+            options["entropy_coeff"] = {
+                str(k): plain(torch.as_tensor(v)) for k, v in sorted(per_head.items())
+            }
         return options
 
     def _masked_entropy(

@@ -583,7 +583,7 @@ class Trainer:
         Ctrl-C) writes none, so the last checkpoint is the consistent state to resume from.
 
         A trainer runs once: to go on after ``run`` stopped, resume its directory with a new
-        ``Trainer(config.replace(resume=directory))``.
+        ``Trainer(config.replace(resume=directory, overwrite=False))``.
 
         Args:
             stop_after_updates: stop (as on SIGTERM) once the run has done this many updates,
@@ -599,10 +599,16 @@ class Trainer:
             raise RuntimeError(
                 f"Trainer.run() was called already (the run is at update "
                 f"{self.counters['update']} of {self.num_updates}): a trainer runs once; to go "
-                f"on, resume it: Trainer(config.replace(resume={str(self.directory)!r})).run()"
+                f"on, resume it: Trainer(config.replace(resume={str(self.directory)!r}, "
+                "overwrite=False)).run()"
             )
         if stop_after_updates is not None:
             first, last = self.counters["update"] + 1, self.num_updates
+            if first > last:
+                raise ValueError(
+                    f"stop_after_updates={stop_after_updates!r}: the run has done all its "
+                    f"{last} updates, so there is nothing to stop after; leave it out"
+                )
             whole = isinstance(stop_after_updates, numbers.Integral)
             whole = whole and not isinstance(stop_after_updates, bool)
             ok = whole and first <= int(stop_after_updates) <= last

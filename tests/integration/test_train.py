@@ -829,6 +829,10 @@ def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
             resumed.run(stop_after_updates=bad)
     assert resumed.run(stop_after_updates=3) is None
     assert [row["update"] for row in _rows(tmp_path / "run")] == ["1", "2", "3"]
+    finished = Trainer(resume)
+    finished.run()
+    with pytest.raises(ValueError, match="the run has done all its 4 updates"):
+        Trainer(resume).run(stop_after_updates=4)  # said "an int in [5, 4]"
     # a config changed after it was built is checked again (a ZeroDivisionError inside)
     changed = TrainConfig(**{**TINY, "output": str(tmp_path / "other")})
     changed.num_workers = 0

@@ -939,3 +939,25 @@ def test_agents_layout_means_over_every_agent_step(grouped, monkeypatch):
     torch.testing.assert_close(
         out["ESS"], weight.sum().square() / weight.square().sum() / weight.numel()
     )
+
+
+def test_the_options_compared_across_ranks():
+    # an entropy_coeff mapping was read as TorchRL's placeholder 0.0 (two ranks with other
+    # per-head weights passed the check), and a float64 tensor of 0.2 differed from 0.2
+    import warnings
+
+    import gymnasium as gym
+
+    from rppo_td.modules import RecurrentActor, RecurrentActorCritic, RecurrentCritic
+
+    net = RecurrentActorCritic(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(2), hidden_size=4)
+    actor, critic = RecurrentActor(net), RecurrentCritic(net)
+    options = RecurrentPPOLoss(actor, critic, entropy_coeff={"action": 0.02})._group_options()
+    assert options["entropy_coeff"] == {"action": pytest.approx(0.02)}
+    as_float = RecurrentPPOLoss(actor, critic, clip_epsilon=0.2)._group_options()
+    with warnings.catch_warnings():  # TorchRL copies the tensor with torch.tensor(...)
+        warnings.simplefilter("ignore", UserWarning)
+        as_tensor = RecurrentPPOLoss(
+            actor, critic, clip_epsilon=torch.tensor(0.2, dtype=torch.float64)
+        )._group_options()
+    assert as_float == as_tensor
