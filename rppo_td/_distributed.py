@@ -137,7 +137,7 @@ def gather_ints(values: list[int], timeout_s: float | None = None) -> list[list[
             if "timed out" not in str(err).lower():
                 raise
             return None
-    return [[int(v) for v in g.tolist()] for g in gathered]
+    return [g.tolist() for g in gathered]
 
 
 def settings_across_group(settings: dict[str, Any], group: Any, owner: str) -> None:

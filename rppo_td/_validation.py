@@ -43,6 +43,7 @@ __all__ = [
     "implies",
     "none_true",
     "rollout_shape",
+    "whole_at_least",
 ]
 
 
@@ -295,6 +296,17 @@ def check_int_at_least(name: str, value: object, low: int) -> None:
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def whole_at_least(name: str, value: object, low: int) -> int:
+    """``value`` as a Python ``int`` ``>= low``, or a ``ValueError`` naming ``name``.
+
+    Any integer type is taken (numpy's too: a sweep's grid, a value read from an array),
+    bools are not. ``check_int_at_least`` is the stricter twin for counts given as ``int``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return int(value)
 
 
 def first_line(err: BaseException, *, limit: int | None = None, sentence: bool = False) -> str:

@@ -8,7 +8,6 @@ in the rollout, nor before the rollout's first step (the rollout holds nothing e
 
 from __future__ import annotations
 
-import numbers
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,6 +19,7 @@ from rppo_td._validation import (
     check_shape,
     check_tensors,
     check_values,
+    whole_at_least,
 )
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def burn_in_lengths(
         >>> burn_in_lengths(torch.tensor([0, 4, 9]), torch.tensor([0, 2, 0]), 4)
         tensor([0, 2, 4])
     """
-    burn_in = _check_burn_in(burn_in)
+    burn_in = whole_at_least("burn_in", burn_in, 0)
     _check_ndim({"start_time": start_time, "episode_first_step": episode_first_step}, 1)
     check_dtype("start_time", start_time, torch.int64)
     check_dtype("episode_first_step", episode_first_step, torch.int64)
@@ -128,7 +128,7 @@ def burn_in_window(
         tensor([[False, False,  True],
                 [ True,  True,  True]])
     """
-    burn_in = _check_burn_in(burn_in)
+    burn_in = whole_at_least("burn_in", burn_in, 0)
     _check_ndim({"start_time": start_time, "lengths": lengths}, 1)
     check_dtype("start_time", start_time, torch.int64)
     check_dtype("lengths", lengths, torch.int64)
@@ -151,10 +151,3 @@ def _check_ndim(named: dict[str, torch.Tensor], ndim: int) -> None:
     tensors: dict[NestedKey, torch.Tensor] = dict(named)
     check_device(tensors)
     check_not_meta(tensors)  # their values are compared
-
-
-def _check_burn_in(burn_in: int) -> int:
-    """``burn_in`` as a Python int; any integer type is taken (``numpy.int64`` too), bools not."""
-    if isinstance(burn_in, bool) or not isinstance(burn_in, numbers.Integral) or burn_in < 0:
-        raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
-    return int(burn_in)

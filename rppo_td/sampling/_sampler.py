@@ -178,14 +178,15 @@ def select_rows(td: TensorDictBase, index: torch.Tensor, pool: OutputPool) -> Te
         if value.device not in on:
             on[value.device] = index.to(value.device)
         rows = on[value.device]
+        moved = movable(value)  # uint16, float8, ...: gathered as the same bytes
         if pool.wants(value, math.prod(value.shape[1:]) * rows.numel()):
             dest = pool.empty(key, (rows.numel(), *value.shape[1:]), value)
-            torch.index_select(movable(value), 0, rows, out=movable(dest))
+            torch.index_select(moved, 0, rows, out=movable(dest))
             gathered[key] = dest
-        elif movable(value) is value:
+        elif moved is value:
             gathered[key] = value.index_select(0, rows)  # autograd sees it (view(dtype) not)
-        else:  # uint16, float8, ...: gathered as the same bytes
-            gathered[key] = movable(value).index_select(0, rows).view(value.dtype)
+        else:
+            gathered[key] = moved.index_select(0, rows).view(value.dtype)
     source: dict = {}
     for key, _ in leaves:
         put_leaf(source, key, gathered[key])
@@ -529,12 +530,14 @@ def _fingerprint(td: TensorDictBase) -> tuple[str, int]:
     leaves = raw_leaves(td) if type(td) is TensorDict else None
     if leaves is None:
         leaves = list(td.items(include_nested=True, leaves_only=True))
-    floats = [
-        (str(key), value.source if type(value) is Pending else value)
-        for key, value in leaves
-        if isinstance(value.source if type(value) is Pending else value, torch.Tensor)
+    values = [
+        (str(key), value.source if type(value) is Pending else value) for key, value in leaves
     ]
-    floats = [(key, value) for key, value in floats if value.is_floating_point()]
+    floats = [
+        (key, value)
+        for key, value in values
+        if isinstance(value, torch.Tensor) and value.is_floating_point()
+    ]
     if not floats:
         return "", 0
     key, value = min(floats, key=lambda item: (item[1].numel(), item[0]))  # the cheapest

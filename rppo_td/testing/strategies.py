@@ -369,20 +369,18 @@ def rollouts(
     starts = torch.zeros((*batch, 1), dtype=torch.bool)
     starts[:, 0, 0] = torch.tensor(first_is_init, dtype=torch.bool)
     starts[:, 1:] = done[:, :-1]
+    if extra_starts:  # (is_init is then written)
+        extra = draw(
+            st.lists(
+                st.booleans(),
+                min_size=workers * steps,
+                max_size=workers * steps,
+            ),
+            label="extra is_init",
+        )
+        starts = starts | torch.tensor(extra, dtype=torch.bool).view(workers, steps, 1)
     if is_init_key:
-        is_init = starts.clone()
-        if extra_starts:
-            extra = draw(
-                st.lists(
-                    st.booleans(),
-                    min_size=workers * steps,
-                    max_size=workers * steps,
-                ),
-                label="extra is_init",
-            )
-            is_init |= torch.tensor(extra, dtype=torch.bool).view(workers, steps, 1)
-        td.set(keys.is_init, is_init)
-        starts = is_init
+        td.set(keys.is_init, starts)
     if state is not None:
         for name in state.state_names:
             shape = (*batch, state.num_layers, state.hidden_size)

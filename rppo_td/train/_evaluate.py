@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import numbers
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rppo_td._signals import terminate_as_interrupt
-from rppo_td._validation import first_line
+from rppo_td._validation import first_line, whole_at_least
 from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train._checkpoint import load_checkpoint
@@ -74,19 +73,10 @@ def episode_step_limit(env_id: str, limit: int | None = None) -> int | None:
         (None, 10000)
     """
     if limit is not None:
-        return _whole("max_episode_steps", limit, 1)
+        return whole_at_least("max_episode_steps", limit, 1)
     if gym.spec(resolve_env_id(env_id)).max_episode_steps is not None:
         return None
     return EVAL_STEP_LIMIT
-
-
-def _whole(name: str, value: object, low: int) -> int:
-    """``value`` as a Python int ``>= low`` (numpy's integers taken), or a ``ValueError``."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return int(value)
 
 
 def _warn_cut(env_id: str, cut: int, episodes: int, limit: int, given: bool) -> None:
@@ -185,8 +175,8 @@ def evaluate_agent(
         ValueError: ``episodes``, ``seed`` or ``max_episode_steps`` not a whole number in
             range, or ``deterministic`` not a bool (each named with its value).
     """
-    episodes = _whole("episodes", episodes, 1)
-    seed = None if seed is None else _whole("seed", seed, 0)
+    episodes = whole_at_least("episodes", episodes, 1)
+    seed = None if seed is None else whole_at_least("seed", seed, 0)
     if not isinstance(deterministic, bool | np.bool_):
         raise ValueError(f"deterministic must be True or False, got {deterministic!r}")
     deterministic = bool(deterministic)

@@ -609,10 +609,9 @@ class Trainer:
                     f"stop_after_updates={stop_after_updates!r}: the run has done all its "
                     f"{last} updates, so there is nothing to stop after; leave it out"
                 )
-            whole = isinstance(stop_after_updates, numbers.Integral)
-            whole = whole and not isinstance(stop_after_updates, bool)
-            ok = whole and first <= int(stop_after_updates) <= last
-            if not ok:
+            value = stop_after_updates
+            whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            if not (whole and first <= int(value) <= last):
                 raise ValueError(
                     f"stop_after_updates must be an int in [{first}, {last}] (after the update "
                     f"the run starts from, {first - 1}, and at most its {last} updates; counted "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -15,7 +14,7 @@ from torchrl.modules import set_recurrent_mode
 
 from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._lazy import shallow_copy
-from rppo_td._validation import check_dtype, check_shape, get_key
+from rppo_td._validation import check_dtype, check_shape, get_key, whole_at_least
 from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps, unpad_rows
 from rppo_td.transforms._base import RolloutTransform
 
@@ -137,9 +136,7 @@ class SequenceStartStates(RolloutTransform):
             raise ValueError(
                 f"start_state must be one of {list(START_STATES)}, got {start_state!r}"
             )
-        if isinstance(burn_in, bool) or not isinstance(burn_in, numbers.Integral) or burn_in < 0:
-            raise ValueError(f"burn_in must be an int >= 0, got {burn_in!r}")
-        burn_in = int(burn_in)
+        burn_in = whole_at_least("burn_in", burn_in, 0)
         # one module (a bare torch module too, refused below by name), or an iterable of them
         one = isinstance(modules, torch.nn.Module) and not isinstance(modules, torch.nn.ModuleList)
         if isinstance(modules, (str, bytes, Mapping)):
