@@ -62,6 +62,11 @@ def resolve_env_id(env_id: str) -> str:
     try:
         gym.spec(name)
     except gym.error.Error as err:
+        if sep:
+            raise ValueError(
+                f"unknown env {env_id!r}: module {module!r} was imported but {name!r} is not "
+                f"registered with gymnasium ({err}). Check the id that the module registers."
+            ) from err
         raise ValueError(
             f"unknown env {name!r}: not registered with gymnasium ({err}). Use a registered id, "
             "or 'module:EnvId' to import the module that registers it."

@@ -494,6 +494,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 entropy = sum(heads.values(True, True))
                 # entropy_coeff={head: coeff} weighs each head (TorchRL's map mode)
                 weighted = heads if self._entropy_coeff_map is not None else entropy
+            elif self._entropy_coeff_map is not None:
+                raise ValueError(
+                    "RecurrentPPOLoss: entropy_coeff is a mapping of action heads "
+                    f"({sorted(map(str, self._entropy_coeff_map))}), but the policy's "
+                    "distribution gives one entropy, not one per head (it is not composite); "
+                    "pass entropy_coeff as a number"
+                )
             else:
                 entropy = weighted = _where(mask, entropy, 0.0)
             sums["entropy"] = entropy
@@ -1068,9 +1075,9 @@ def _group_stats(
     shifted = (log_weight - top).double().exp()  # 0 on padding
     ratio_values = _per_step(log_weight, mask)
     parts += [(shifted.sum(), ratio_values), (shifted.square().sum(), ratio_values)]
-    clipped = critic is not None and critic.was_clipped is not None
-    if critic is not None and critic.was_clipped is not None:
-        parts.append(summed(critic.was_clipped))
+    clipped = critic.was_clipped if critic is not None else None
+    if clipped is not None:
+        parts.append(summed(clipped))
     if critic is not None and explained_variance:
         residual = critic.target - critic.value
         parts += [summed(residual), summed(residual, square=True)]
@@ -1086,7 +1093,7 @@ def _group_stats(
     stats["max_ratio"] = top.exp()
     stats["mean_ratio"] = (top.double().exp() * means[k]).to(dtype)
     k += 2
-    if clipped:
+    if clipped is not None:
         stats["value_clip_fraction"] = means[k].to(dtype)
         k += 1
     if critic is not None and explained_variance:

@@ -147,6 +147,7 @@ def test_module_colon_id_finds_the_module_in_the_current_directory(tmp_path, mon
         ("NoSuchEnv-v0", "unknown env 'NoSuchEnv-v0'"),
         ("no_such_module_xyz:Foo-v0", "cannot import module 'no_such_module_xyz'"),
         (":Foo-v0", "must look like 'module:EnvId'"),
+        ("json:Foo-v0", "unknown env 'json:Foo-v0': module 'json' was imported but 'Foo-v0'"),
         ("", "non-empty"),
     ],
 )

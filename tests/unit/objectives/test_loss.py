@@ -431,6 +431,16 @@ def test_one_number_tensor_coefficients_are_taken_as_clipppoloss_takes_them():
         _loss(agent)(batch[0, 0])
 
 
+def test_per_head_entropy_coefficients_on_a_single_head_policy_are_refused_by_name():
+    """A mapping for entropy_coeff needs a composite distribution: on one head it is refused
+    naming the setting (TorchRL failed inside with "'Tensor' object has no attribute
+    'items'")."""
+    agent = make_agent("lstm")
+    loss = RecurrentPPOLoss(agent.actor, agent.critic, entropy_coeff={"action": 0.01})
+    with pytest.raises(ValueError, match=r"entropy_coeff is a mapping .*'action'.* not composite"):
+        loss(_padded(agent))
+
+
 def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
     """entropy_coeff={head: coeff} (TorchRL's map for composite actions) weighs each head's
     entropy, over the real steps only: the padded loss equals ClipPPOLoss on the real steps."""
