@@ -170,15 +170,18 @@ class SequenceStartStates(RolloutTransform):
         self.burn_in: int = burn_in
         # rppo_td's modules run whole sequences in one call (final_states)
         self._by_sequences: bool = all(hasattr(module, "final_states") for module, _ in plan)
-        self._state_shapes: dict[NestedKey, tuple[int, ...]] = {
-            key: shape for module, own in plan for key in own if (shape := _state_shape(module))
-        }
-        self._state_dtypes: dict[NestedKey, torch.dtype] = {
-            key: param.dtype
-            for module, own in plan
-            for key in own
-            if (param := next(iter(module.parameters()), None)) is not None
-        }
+        # each key's (layers, hidden) and dtype, from the core that owns it where it is known
+        self._state_shapes: dict[NestedKey, tuple[int, ...]] = {}
+        self._state_dtypes: dict[NestedKey, torch.dtype] = {}
+        for module, own in plan:
+            specs = _state_specs(module, own)
+            first = next(iter(module.parameters()), None)
+            for key in own:
+                if key in specs:
+                    self._state_shapes.setdefault(key, specs[key][0])
+                    self._state_dtypes.setdefault(key, specs[key][1])
+                elif first is not None:  # a core of its own kind: the module's float dtype
+                    self._state_dtypes.setdefault(key, first.dtype)
 
         self._list_module_keys()
 
@@ -471,6 +474,8 @@ class SequenceStartStates(RolloutTransform):
             self._check_state(key, value, (num_workers, num_time))
             zero = is_init.view(num_workers, num_time, *([1] * (value.ndim - 2)))
             stored[key] = torch.where(zero, 0.0, value).detach()
+        if num_workers * num_time == 0:  # no step, no state to compute (W = 0 or T = 0)
+            return {key: v.reshape(-1, *v.shape[2:]) for key, v in stored.items()}
         with torch.no_grad(), _inference_mode(module for module, _ in self._plan):
             if self.start_state == "refreshed":
                 first = {key: value[:, 0] for key, value in stored.items()}
@@ -527,17 +532,33 @@ class SequenceStartStates(RolloutTransform):
         for module, own in self._plan:
             own_start = {key: start[key] for key in own}
             fast = getattr(module, "scan_states", None)
-            if fast is not None:
-                states, last = fast(tensordict, own_start, active)
-            else:
-                states, last = scan_step_by_step(
-                    module, tensordict, own_start, active, is_init_key=self.keys.is_init
-                )
+            try:
+                if fast is not None:
+                    states, last = fast(tensordict, own_start, active)
+                else:
+                    states, last = scan_step_by_step(
+                        module, tensordict, own_start, active, is_init_key=self.keys.is_init
+                    )
+            except RuntimeError as err:  # torch's own error names no key: name the inputs
+                raise ValueError(
+                    f"SequenceStartStates: {type(module).__name__} failed on its inputs "
+                    f"{_shapes_of(tensordict, module.in_keys)}: {err}"
+                ) from err
             for key in own:
                 if key not in entering:
                     entering[key] = states[key]
                     final[key] = last[key]
         return entering, final
+
+
+def _shapes_of(tensordict: TensorDictBase, keys: Iterable[NestedKey]) -> str:
+    """``key [shape] dtype`` of each of ``keys`` that ``tensordict`` holds, for messages."""
+    parts = []
+    for key in keys:
+        value = tensordict.get(key, None)
+        if isinstance(value, torch.Tensor):
+            parts.append(f"{key!r} {list(value.shape)} {value.dtype}")
+    return ", ".join(parts)
 
 
 def state_keys_of(module: Any) -> tuple[NestedKey, ...]:
@@ -567,21 +588,36 @@ def state_keys_of(module: Any) -> tuple[NestedKey, ...]:
     return keys
 
 
-def _state_shape(module: Any) -> tuple[int, ...] | None:
-    """The state shape ``(layers, hidden)`` of a module, where it can be read.
+def _state_specs(
+    module: Any, own: tuple[NestedKey, ...]
+) -> dict[NestedKey, tuple[tuple[int, ...], torch.dtype]]:
+    """``(layers, hidden)`` and dtype of each of ``own``'s state keys, where they can be read.
 
-    rppo_td's modules, and TorchRL's ``LSTMModule``/``GRUModule`` (also inside a
-    ``ProbabilisticActor``); else None.
+    rppo_td's modules (one core for all their keys), and TorchRL's ``LSTMModule`` and
+    ``GRUModule``, alone or inside a ``ProbabilisticActor`` or ``TensorDictSequential``: each
+    key takes the core that reads and writes it, so one module holding two cores of other
+    sizes checks each key against its own. Keys of no known core are left out.
     """
     net = getattr(module, "net", None)
     if net is not None and hasattr(net, "state_shape"):
-        return tuple(net.state_shape)
-    candidates = [module, *getattr(module, "modules", lambda: [])()]
-    for part in candidates:
+        param = next(iter(module.parameters()), None)
+        if param is None:
+            return {}
+        return {key: (tuple(net.state_shape), param.dtype) for key in own}
+    specs: dict[NestedKey, tuple[tuple[int, ...], torch.dtype]] = {}
+    for part in [module, *getattr(module, "modules", lambda: [])()]:
         core = getattr(part, "lstm", None) or getattr(part, "gru", None)
-        if core is not None and hasattr(core, "hidden_size") and hasattr(core, "num_layers"):
-            return (int(core.num_layers), int(core.hidden_size))
-    return None
+        if core is None or not (hasattr(core, "hidden_size") and hasattr(core, "num_layers")):
+            continue
+        param = next(iter(core.parameters()), None)
+        try:
+            keys = state_keys_of(part)
+        except ValueError:  # a core whose wrapper writes no state: nothing to check
+            continue
+        for key in keys:
+            if key in own and key not in specs and param is not None:
+                specs[key] = ((int(core.num_layers), int(core.hidden_size)), param.dtype)
+    return specs
 
 
 def scan_step_by_step(

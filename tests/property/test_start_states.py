@@ -522,3 +522,96 @@ def test_a_burn_in_longer_than_the_rollout_is_the_rollout():
     huge = SequenceStartStates(_modules(net), start_state="stored", burn_in=10**9)(padded)
     for key in net.state_keys:
         assert torch.equal(whole[key], huge[key])
+
+
+def _two_cores():
+    """One TensorDictSequential of an LSTM (1 x 4) feeding a 2-layer GRU (2 x 6), and a
+    chunked ``[2, 8]`` rollout for it with random stored states."""
+    from tensordict.nn import TensorDictSequential
+    from torchrl.modules import GRUModule, LSTMModule
+
+    torch.manual_seed(0)
+    lstm = LSTMModule(
+        input_size=3,
+        hidden_size=4,
+        in_keys=["observation", "h", "c"],
+        out_keys=["f", ("next", "h"), ("next", "c")],
+    )
+    gru = GRUModule(
+        input_size=4, hidden_size=6, num_layers=2, in_keys=["f", "g"], out_keys=["y", ("next", "g")]
+    )
+    done = torch.zeros(2, 8, 1, dtype=torch.bool)
+    done[0, 4] = True
+    is_init = torch.zeros_like(done)
+    is_init[:, 0] = True
+    is_init[0, 5] = True
+    td = TensorDict(
+        {
+            "observation": torch.randn(2, 8, 3),
+            "is_init": is_init,
+            "h": torch.randn(2, 8, 1, 4),
+            "c": torch.randn(2, 8, 1, 4),
+            "g": torch.randn(2, 8, 2, 6),
+            "next": {"done": done},
+        },
+        [2, 8],
+    )
+    chunked = SequenceChunker(sequence_length=3)(EpisodeSplitter()(td))
+    return lstm, gru, TensorDictSequential(lstm, gru), chunked
+
+
+@pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 1)])
+def test_one_module_of_two_cores_checks_each_state_against_its_own_core(start_state, burn_in):
+    """Each state key takes the shape of the core that reads and writes it: the GRU's
+    [2, 6] state in a module whose first core is a [1, 4] LSTM was refused as [1, 4]."""
+    lstm, gru, both, chunked = _two_cores()
+    padded = SequencePadder()(chunked)
+    out = SequenceStartStates(both, start_state=start_state, burn_in=burn_in)(padded)
+    # the reference: the two cores run one after the other on each worker's steps
+    with torch.no_grad():
+        for row in range(padded.batch_size[0]):
+            w, t0 = int(padded["worker_index"][row, 0]), int(padded["time_index"][row, 0])
+            first = t0
+            while burn_in and first > 0 and not chunked["is_init"][w, first, 0]:
+                if t0 - first == burn_in:
+                    break
+                first -= 1
+            if start_state == "refreshed":
+                first = 0
+            states = {k: chunked[k][w, first].unsqueeze(1).clone() for k in ("h", "c", "g")}
+            if start_state == "zero" or chunked["is_init"][w, first, 0]:
+                states = {k: torch.zeros_like(v) for k, v in states.items()}
+            for t in range(first, t0):
+                if chunked["is_init"][w, t, 0]:
+                    states = {k: torch.zeros_like(v) for k, v in states.items()}
+                x = chunked["observation"][w, t].view(1, 1, 3)
+                f, (states["h"], states["c"]) = lstm.lstm(x, (states["h"], states["c"]))
+                _, states["g"] = gru.gru(f, states["g"])
+            if chunked["is_init"][w, t0, 0]:
+                states = {k: torch.zeros_like(v) for k, v in states.items()}
+            for key, value in states.items():
+                torch.testing.assert_close(out[key][row, 0], value[:, 0], rtol=1e-5, atol=1e-6)
+    bad = padded.clone()
+    bad["g"] = torch.zeros(*bad.batch_size, 1, 6)
+    with pytest.raises(ValueError, match=re.escape("'g' must be a torch.float32 state of shape")):
+        SequenceStartStates(both, start_state=start_state, burn_in=burn_in)(bad)
+
+
+@pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 1)])
+def test_an_empty_rollout_gives_an_empty_output(start_state, burn_in):
+    """W = 0 or T = 0 on the [W, T] path: no state to compute (refreshed raised torch's
+    shape and index errors)."""
+    _, _, both, chunked = _two_cores()
+    for part in (chunked[:0], chunked[:, :0]):
+        out = SequenceStartStates(both, start_state=start_state, burn_in=burn_in)(part)
+        assert out.batch_size == part.batch_size
+        assert out["g"].shape == (*part.batch_size, 2, 6)
+
+
+def test_a_module_failing_on_its_inputs_is_named_with_their_shapes():
+    _, _, both, chunked = _two_cores()
+    chunked["observation"] = torch.randn(2, 8, 5)  # the LSTM takes 3 features
+    with pytest.raises(
+        ValueError, match=r"TensorDictSequential failed on its inputs 'observation' \[2, 8, 5\]"
+    ):
+        SequenceStartStates(both, start_state="refreshed")(chunked)
