@@ -232,6 +232,7 @@ class SequenceStartStates(RolloutTransform):
             hint = "(SequenceChunker writes it; it marks each sequence's first step)"
             offset = get_key(tensordict, keys.sequence_offset, hint=hint)
             check_shape(keys.sequence_offset, offset, (num_workers, num_time))
+            check_dtype(keys.sequence_offset, offset, torch.int64)
             starts = (offset == 0).flatten().nonzero().squeeze(1)
         states = self._states(tensordict.select(*self._needed(tensordict)), starts)
         out = tensordict.copy()

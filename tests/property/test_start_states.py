@@ -495,6 +495,11 @@ def test_malformed_states_are_refused_by_name(start_state, burn_in):
     n, length = padded.batch_size
     with pytest.raises(ValueError, match=rf"'episode_id' must have shape \[{n}, {length}\], got"):
         transform(padded)
+    if start_state != "refreshed":  # the [W, T] path reads the chunker's offsets
+        wrong = td.clone()
+        wrong.set("sequence_offset", wrong["sequence_offset"].float())
+        with pytest.raises(ValueError, match="'sequence_offset' must have dtype torch.int64"):
+            transform(wrong)
 
 
 @pytest.mark.parametrize(("start_state", "burn_in"), [("refreshed", 0), ("stored", 2), ("zero", 0)])
