@@ -60,10 +60,11 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
 
     Padding positions are returned as zero. Normalising over padded zeros would bias both
     statistics towards zero, the more so the more padding a batch holds. An all-False mask
-    leaves nothing to normalise: every position is padding, so the result is all zero. With
-    ``eps = 0`` real steps that are all equal give NaN (0 / 0). Half-precision ``x`` is
-    standardised in float32 (its sum of squares overflows float16 from values of about 30 over
-    64 steps, which made every output 0) and returned in ``x``'s dtype.
+    leaves nothing to normalise: every position is padding, so the result is all zero. Real
+    steps that are all equal give 0 (NaN with ``eps = 0``: 0 / 0). The statistics are
+    computed in float64 (float32 on MPS) whatever ``x``'s dtype: float16 sums overflow, and
+    float32 rounding left equal steps at about 0.75 instead of 0. The result has ``x``'s
+    dtype.
 
     Args:
         x: ``[N, Lp, *F]`` float, e.g. ``advantage`` ``[N, Lp, 1]``.
@@ -82,9 +83,14 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not 0 <= eps < math.inf:
         raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
     full = _expand_mask(x, mask)
-    values = _accumulator(x)
+    # in float64: the mean of real steps that are all equal is then their value exactly
+    # (float32 sums left it off by a rounding error, which the division by a deviation of
+    # the same size blew up to about 0.75 at every step)
+    values = x.float() if x.device.type == "mps" else x.double()  # MPS has no float64
     count = full.sum().clamp(min=1)
     mean = torch.where(full, values, 0.0).sum() / count
+    # one corrective pass: float64 input has no wider type to sum in
+    mean = mean + torch.where(full, values - mean, 0.0).sum() / count
     centred = torch.where(full, values - mean, 0.0)
     # population variance over real steps; a single real step leaves x - mean = 0
     std = (centred.square().sum() / count).sqrt()

@@ -61,7 +61,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
     - **Masked, with no extra setting.** Every output is a scalar (0-dim) over the real steps
       (``loss_mask`` True) only: the loss terms ``loss_objective``, ``loss_critic`` and
       ``loss_entropy`` and the diagnostics ``clip_fraction``, ``kl_approx``, ``kl_k3``, ``entropy``,
-      ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and ``value_clip_fraction``.
+      ``ESS``, ``explained_variance``, ``max_ratio``, ``mean_ratio`` and ``value_clip_fraction``;
+      with a composite (multi-head) action also ``composite_entropy``, each head's mean entropy
+      (0-dim, where ``ClipPPOLoss`` gives the per-step values, padding included). A head of
+      several action dimensions counts its entropy summed over them, as ``entropy`` does, also
+      under a per-head ``entropy_coeff`` (``ClipPPOLoss`` averages such a head there).
       ``kl_approx`` is TorchRL's ``log(pi_old / pi)``, whose mean over the minibatch the update
       itself drives below zero (it raises the probability of the actions it saw); ``kl_k3`` is the
       mean of ``(r - 1) - log r`` with ``r = pi / pi_old`` (Schulman's k3 estimator of the KL
@@ -415,26 +419,39 @@ class RecurrentPPOLoss(ClipPPOLoss):
         if group is not None and not self._group_checked:
             settings_across_group(self._group_options(), group, "RecurrentPPOLoss")
             self._group_checked = True
-        count = mask.sum()
-        # the loss terms' denominator; with a group, C / world_size for C real steps in all
-        denominator: torch.Tensor = count
+        # the real steps, and whether a row holds a real step after padding (a mask that is
+        # not a True prefix: the padding would run through the recurrent core before it)
+        holes = (mask[..., 1:] > mask[..., :-1]).any() if mask.ndim >= 2 else mask.new_zeros(())
+        flags = torch.stack([mask.sum(), holes.long()])
         if group is not None:
-            count = all_reduce(count, group)
-            denominator = count / world_size
-        if not bool(count):  # after the all-reduce: every rank raises, none waits for another
-            where = " on any rank" if group is not None else ""
+            flags = all_reduce(flags, group)
+        count = flags[0]
+        # the loss terms' denominator; with a group, C / world_size for C real steps in all
+        denominator: torch.Tensor = count if group is None else count / world_size
+        real_steps, with_holes = flags.tolist()  # one sync; every rank raises together
+        where = " on some rank" if group is not None else ""
+        if not real_steps:
             raise ValueError(
                 f"RecurrentPPOLoss got a minibatch of padding only: {keys.loss_mask!r} is False "
-                f"at all {mask.numel()} positions{where}; it needs at least one real step"
+                f"at all {mask.numel()} positions{where.replace('some', 'any')}; it needs at "
+                "least one real step"
+            )
+        if with_holes:
+            raise ValueError(
+                f"{keys.loss_mask!r} must be a True prefix in every row (padding only at the "
+                f"end, as SequencePadder writes it): a row{where} holds a real step after a "
+                "padding position, whose inputs would then reach it through the recurrent core"
             )
         advantage = _where(mask, advantage, 0.0)
+        # one real value is left as it is, as ClipPPOLoss leaves it (standardised it is 0)
+        normalize = self.normalize_advantage and real_steps * _per_step(advantage, mask) > 1
         if self.advantage_norm is not None:
             advantage = self._scale_advantage(advantage, tensordict, update=computed)
-        elif self.normalize_advantage and group is not None:
+        elif normalize and group is not None:
             advantage = _normalize_over_group(
                 advantage, mask, count, group, self.normalize_advantage_eps
             )
-        elif self.normalize_advantage:
+        elif normalize:
             advantage = masked_normalize(advantage, mask, eps=self.normalize_advantage_eps)
 
         # one key (a composite action's log-probs are a list of keys, or none)
@@ -479,7 +496,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         # per-step diagnostics, zero on padding: their means are sums over the count
         with torch.no_grad():  # k3 = (r - 1) - log r >= 0, zero on padding (log r = 0)
             kl_k3 = torch.expm1(log_weight) - log_weight
-        sums: dict[str, torch.Tensor] = {
+        sums: dict[Any, torch.Tensor] = {  # names; composite_entropy heads nested
             "clip_fraction": (clipped != behaviour).to(gain.dtype),
             "kl_approx": kl_approx,
             "kl_k3": kl_k3,
@@ -494,6 +511,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 entropy = sum(heads.values(True, True))
                 # entropy_coeff={head: coeff} weighs each head (TorchRL's map mode)
                 weighted = heads if self._entropy_coeff_map is not None else entropy
+                # each head's mean over the real steps, under TorchRL's composite_entropy
+                for head, x in heads.items(include_nested=True, leaves_only=True):
+                    sums[("composite_entropy", *as_path(head))] = x.detach()
             elif self._entropy_coeff_map is not None:
                 raise ValueError(
                     "RecurrentPPOLoss: entropy_coeff is a mapping of action heads "
@@ -510,7 +530,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             losses["loss_critic"], critic = self._critic_loss(tensordict, value)
         with torch.no_grad():
             if group is None:
-                stats = {name: _mean(x, mask, count) for name, x in sums.items()}
+                stats: dict[Any, torch.Tensor] = {
+                    name: _mean(x, mask, count) for name, x in sums.items()
+                }
                 stats.update(_ratio_stats(behaviour, mask, count))
                 if critic is not None:
                     stats.update(critic.stats(self.log_explained_variance))
@@ -1037,21 +1059,23 @@ def _normalize_over_group(
     """
     per_step = advantage.numel() // max(mask.numel(), 1)  # the trailing dims the mask covers
     total = (count * per_step).clamp(min=1)
-    mean = all_reduce(advantage.sum(), group) / total
-    centred = _where(mask, advantage - mean, 0.0)
+    # the sums in float64, as masked_normalize's: real steps all equal centre to exactly 0
+    values = advantage.double()
+    mean = all_reduce(values.sum(), group) / total
+    centred = _where(mask, values - mean, 0.0)
     std = (all_reduce(centred.square().sum(), group) / total).sqrt()
-    return centred / (std + eps)
+    return (centred / (std + eps)).to(advantage.dtype)
 
 
 def _group_stats(
-    sums: dict[str, torch.Tensor],
+    sums: dict[Any, torch.Tensor],
     log_weight: torch.Tensor,
     critic: _CriticParts | None,
     mask: torch.Tensor,
     count: torch.Tensor,
     group: Any,
     explained_variance: bool,
-) -> dict[str, torch.Tensor]:
+) -> dict[Any, torch.Tensor]:
     """The diagnostics over the real steps of every rank: one MAX and one SUM all-reduce.
 
     ``sums`` maps a name to per-step values ``[*B]``, ``[*B, 1]`` or ``[*B, A, 1]`` whose

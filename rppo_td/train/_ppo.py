@@ -232,7 +232,10 @@ class PPOUpdate:
         if finite:
             self.optimizer.step()
         self.skipped += not finite
-        stats = {key: value.detach() for key, value in out.items()}
+        # the scalars (a composite action's per-head composite_entropy is a tensordict)
+        stats = {
+            key: value.detach() for key, value in out.items() if isinstance(value, torch.Tensor)
+        }
         stats["loss_total"] = loss.detach()  # type: ignore[union-attr]
         stats["grad_norm"] = grad_norm.detach()
         return stats

@@ -498,7 +498,7 @@ def test_malformed_states_are_refused_by_name(start_state, burn_in):
     if start_state != "refreshed":  # the [W, T] path reads the chunker's offsets
         wrong = td.clone()
         wrong.set("sequence_offset", wrong["sequence_offset"].float())
-        with pytest.raises(ValueError, match="'sequence_offset' must have dtype torch.int64"):
+        with pytest.raises(ValueError, match=r"'sequence_offset' must have dtype torch\.int64"):
             transform(wrong)
 
 

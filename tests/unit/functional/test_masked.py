@@ -41,6 +41,18 @@ def test_masked_normalize_single_real_step_is_zero():
     assert out.tolist() == [[0.0, 0.0]]
 
 
+@pytest.mark.parametrize(
+    ("dtype", "value"),
+    [(torch.float32, 0.3), (torch.float16, 0.3), (torch.float64, 0.3), (torch.float64, 1e9 + 0.1)],
+)
+def test_masked_normalize_of_equal_real_steps_is_zero(dtype, value):
+    """The mean of equal values is their value exactly: summed in float32 it was off by a
+    rounding error that the division by a deviation of the same size made about 0.75."""
+    mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3, [1] + [0] * 5, [1] * 4 + [0] * 2]).bool()
+    x = torch.where(mask.unsqueeze(-1), torch.full((4, 6, 1), value, dtype=dtype), 7.0)
+    assert masked_normalize(x, mask).abs().max() == 0
+
+
 def test_mask_checks():
     with pytest.raises(
         ValueError,

@@ -431,6 +431,38 @@ def test_one_number_tensor_coefficients_are_taken_as_clipppoloss_takes_them():
         _loss(agent)(batch[0, 0])
 
 
+def test_normalized_advantages_all_equal_give_no_policy_gain():
+    """Equal advantages standardise to 0 (they were about 0.75 at every step, all one sign)."""
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    batch["advantage"] = torch.full_like(batch["advantage"], 0.3)
+    out = _loss(agent, normalize_advantage=True)(batch)
+    assert out["loss_objective"] == 0
+
+
+def test_one_real_value_is_not_normalized_as_in_clip_ppo_loss():
+    """ClipPPOLoss leaves one advantage as it is; standardised it was 0 and the minibatch
+    gave no policy gradient."""
+    agent = make_agent("lstm")
+    batch = _padded(agent)[:1]
+    batch["loss_mask"] = torch.zeros_like(batch["loss_mask"])
+    batch["loss_mask"][0, 0] = True
+    expected, _ = _reference(agent, batch)  # not normalised
+    out = _loss(agent, normalize_advantage=True)(batch)
+    torch.testing.assert_close(out["loss_objective"], expected["loss_objective"].detach())
+    assert out["loss_objective"] != 0
+
+
+def test_a_mask_that_is_not_a_true_prefix_is_refused_by_name():
+    """Padding before a real step would run through the recurrent core into it."""
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    batch["loss_mask"] = batch["loss_mask"].clone()
+    batch["loss_mask"][0, 0] = False
+    with pytest.raises(ValueError, match=r"'loss_mask' must be a True prefix in every row"):
+        _loss(agent)(batch)
+
+
 def test_per_head_entropy_coefficients_on_a_single_head_policy_are_refused_by_name():
     """A mapping for entropy_coeff needs a composite distribution: on one head it is refused
     naming the setting (TorchRL failed inside with "'Tensor' object has no attribute
@@ -526,6 +558,12 @@ def test_per_head_entropy_coefficients_weigh_each_heads_real_steps():
                 each = dist.dists["a1"].entropy() + dist.dists["a2"].entropy().squeeze(-1)
             out = RecurrentPPOLoss(mixed, critic, entropy_coeff=0.1)(td)
             torch.testing.assert_close(out["entropy"], each[mask].mean())
+            # each head's mean over the real steps, under ClipPPOLoss's key
+            heads = out["composite_entropy"]
+            torch.testing.assert_close(heads["a1_entropy"], dist.dists["a1"].entropy()[mask].mean())
+            torch.testing.assert_close(
+                heads["a2_entropy"], dist.dists["a2"].entropy().squeeze(-1)[mask].mean()
+            )
             real = td[mask].exclude("loss_mask")
             theirs = ClipPPOLoss(mixed, critic, entropy_coeff=0.1)(real)
             torch.testing.assert_close(out["loss_entropy"], theirs["loss_entropy"])
