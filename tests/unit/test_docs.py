@@ -137,27 +137,15 @@ def test_doctests_exist() -> None:
 # Pages may use `rollout` (a chunked [W, T] rollout with GAE's inputs) and `padded` (its padded
 # [N, Lp] sequences) without building them.
 def _page_namespace() -> dict[str, object]:
-    W, T = 3, 10
-    terminated = torch.zeros(W, T, 1, dtype=torch.bool)
-    truncated = torch.zeros(W, T, 1, dtype=torch.bool)
-    terminated[0, 3] = True
-    truncated[1, 6] = True
-    rollout = TensorDict(
-        {
-            "observation": torch.randn(W, T, 2),
-            "state_value": torch.randn(W, T, 1),
-            "next": {
-                "reward": torch.ones(W, T, 1),
-                "state_value": torch.randn(W, T, 1),
-                "terminated": terminated,
-                "truncated": truncated,
-                "done": terminated | truncated,
-            },
-        },
-        batch_size=[W, T],
-    )
-    rollout = rppo_td.SequenceChunker(sequence_length=4)(rppo_td.EpisodeSplitter()(rollout))
-    return {"rollout": rollout, "padded": rppo_td.SequencePadder()(rollout), "torch": torch}
+    """What the pages' examples read (``rollout``, ``padded``): the setup block that
+    docs/components/index.md gives its readers, run as they would run it."""
+    text = (DOCS / "components" / "index.md").read_text()
+    section = text.split("## The examples on these pages", 1)[1]
+    found = re.search(r"```python\n(.*?)```", section, re.S)
+    assert found, "docs/components/index.md lost the setup block of its examples"
+    namespace: dict[str, object] = {}
+    exec(compile(found.group(1), "docs/components/index.md setup", "exec"), namespace)
+    return namespace
 
 
 def _pages_with_code() -> list[Path]:
