@@ -420,8 +420,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             settings_across_group(self._group_options(), group, "RecurrentPPOLoss")
             self._group_checked = True
         # the real steps, and whether a row holds a real step after padding (a mask that is
-        # not a True prefix: the padding would run through the recurrent core before it)
-        holes = (mask[..., 1:] > mask[..., :-1]).any() if mask.ndim >= 2 else mask.new_zeros(())
+        # not a True prefix along the time dim: the padding would run through the recurrent
+        # core before it)
+        holes = (mask[:, 1:] > mask[:, :-1]).any() if mask.ndim >= 2 else mask.new_zeros(())
         flags = torch.stack([mask.sum(), holes.long()])
         if group is not None:
             flags = all_reduce(flags, group)
