@@ -76,10 +76,13 @@ class RecurrentPPOLoss(ClipPPOLoss):
       are: ``SequencePadder``'s zeros change nothing, but values that drive a network's output to
       inf there can make gradients NaN (0 * inf), as in any masked loss.
       ``normalize_advantage=True`` standardises with the real steps' mean and deviation
-      (``functional.masked_normalize``). Without a ``loss_mask`` key in the input every step
+      (``functional.masked_normalize``; one real value is left as it is, as ``ClipPPOLoss``
+      leaves it, and equal values become 0). Without a ``loss_mask`` key in the input every step
       counts as real, unless the input holds padded sequences all the same (a leaf named
       ``loss_mask`` under another key, or ``rollout_steps`` with padding): that is refused,
-      naming the key. A minibatch whose mask is all False (padding only) is refused too.
+      naming the key. A minibatch whose mask is all False (padding only) is refused too, and
+      so is a mask that is not a True prefix in every row (a real step after padding would
+      see the padding through the recurrent core).
     - **Recurrent mode.** ``forward`` runs the actor and the critic inside TorchRL's
       ``set_recurrent_mode(True)``: an ``LSTMModule``/``GRUModule`` runs over the ``Lp``
       positions of each sequence from the state stored at position 0, and restarts where
