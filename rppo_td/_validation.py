@@ -80,12 +80,51 @@ def get_key(td: TensorDictBase, key: NestedKey, *, hint: str = "") -> torch.Tens
 def rollout_shape(td: TensorDictBase, who: str) -> tuple[int, int]:
     """Returns ``(W, T)`` of a ``[W, T]`` rollout or raises a ``ValueError``."""
     if td.batch_dims != 2:
+        if td.batch_dims == 1:
+            hint = (
+                "one worker's [T] steps: td.unsqueeze(0); a rollout flattened to [W * T] "
+                "(steps of several workers one after another): td.reshape(W, T), never "
+                "unsqueeze(0), which would join the workers' rows into one"
+            )
+        elif td.batch_dims > 2:
+            hint = (
+                "rollouts of several collectors or env groups [C, W, T]: "
+                "td.reshape(-1, T) makes them [C * W, T], with time last"
+            )
+        else:
+            hint = "a rollout holds steps of one or more workers"
         raise ValueError(
             f"{who} expects a rollout with batch dims [W, T] (worker, time), got batch size "
-            f"{list(td.batch_size)}; use td.unsqueeze(0) for a single worker"
+            f"{list(td.batch_size)}; for {hint}"
         )
     w, t = td.batch_size
     return int(w), int(t)
+
+
+def check_not_transposed(
+    done_key: NestedKey, done: torch.Tensor, is_init_key: NestedKey, is_init: torch.Tensor | None
+) -> None:
+    """Refuses a ``[T, W]`` rollout given as ``[W, T]``, where ``is_init`` shows it.
+
+    ``done`` and ``is_init``: ``[W, T]`` bool. A collector's rollout starts an episode
+    (``is_init``) on the step after each end along time. Where that fails along dim 1 but holds
+    along dim 0, from a first row of starts, time runs down the rows: a stack of steps on dim
+    0 (``torch.stack(steps)``), which every later stage would read across workers. One sync;
+    a second only where an end is not followed by a start (a rollout without a full
+    ``is_init``, which is allowed).
+    """
+    if is_init is None or done.ndim != 2 or done.shape[0] < 2 or done.shape[1] < 2:
+        return
+    if bool(none_true(done[:, :-1] > is_init[:, 1:])):
+        return
+    down_rows = none_true(done[:-1] > is_init[1:]) & is_init[0].all() & done[:-1].any()
+    if bool(down_rows):
+        raise ValueError(
+            f"the rollout of batch size {list(done.shape)} looks transposed: it must be [W, T] "
+            f"(worker, time), but each {_name(done_key)} is followed by {_name(is_init_key)} "
+            "down dim 0 and not along dim 1, as in a [T, W] stack of steps "
+            "(torch.stack(steps) stacks on dim 0): stack on dim 1, or td.transpose(0, 1)"
+        )
 
 
 def check_tensors(named: dict[str, object]) -> None:

@@ -20,7 +20,7 @@ from tensordict import NestedKey, TensorDictBase, unravel_key
 from torch import nn
 from torchrl.modules import GRUModule, LSTMModule, recurrent_mode
 
-from rppo_td._validation import MissingKeyError, check_dtype, get_key
+from rppo_td._validation import MissingKeyError, check_dtype, check_not_transposed, get_key
 
 __all__ = [
     "episode_ends",
@@ -250,6 +250,7 @@ def episode_ends(
     tensordict: TensorDictBase,
     is_init_key: NestedKey,
     time_dim: int,
+    done_key: NestedKey = ("next", "done"),
 ) -> torch.Tensor:
     """``done`` ``[*B, T, 1]``, also True before each step that ``is_init`` marks as a start.
 
@@ -260,7 +261,9 @@ def episode_ends(
     truncation does. Without ``is_init`` in the rollout, ``done`` is returned as it is.
 
     Raises:
-        ValueError: ``is_init`` of another shape than ``done``, or not bool (naming the key).
+        ValueError: ``is_init`` of another shape than ``done``, or not bool (naming the key);
+            a ``[W, T]`` rollout whose ``is_init`` shows it is ``[T, W]``
+            (``check_not_transposed``; ``done_key`` names ``done`` there).
     """
     is_init = tensordict.get(is_init_key, None)
     if is_init is None:
@@ -272,6 +275,8 @@ def episode_ends(
             f"{is_init_key!r} must have the shape of done, {list(done.shape)}, "
             f"got {list(is_init.shape)}"
         )
+    if tensordict.batch_dims == 2 and time_dim == 1 and done.ndim == 3:
+        check_not_transposed(done_key, done.squeeze(-1), is_init_key, is_init.squeeze(-1))
     ends = done.clone()
     steps = done.shape[time_dim]
     if steps > 1:

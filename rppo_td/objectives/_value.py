@@ -228,7 +228,7 @@ class GAEEstimator(ValueEstimatorBase):
             next_value,
             terminated,
             # an episode that is_init starts without a done before it ends there too
-            episode_ends(done, tensordict, keys.is_init, dim),
+            episode_ends(done, tensordict, keys.is_init, dim, ("next", keys.done)),
             gamma=self.gamma,
             lmbda=self.lmbda,
             time_dim=dim,

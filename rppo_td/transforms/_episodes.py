@@ -13,6 +13,7 @@ from rppo_td._validation import (
     check_not_meta,
     check_not_padded,
     check_not_split_trajs,
+    check_not_transposed,
     check_sequence_length,
     check_shape,
     check_values,
@@ -77,6 +78,7 @@ def read_done(
                 None if truncated is None else (keys.truncated, truncated),
             ),
         )
+    check_not_transposed(keys.done, done, keys.is_init, is_init)
     return done, is_init
 
 
@@ -96,7 +98,9 @@ class EpisodeSplitter(RolloutTransform):
     sequences (``loss_mask`` present), TorchRL's own padded trajectories
     (``Collector(split_trajs=True)``: ``("collector", "mask")`` present; collect with
     ``split_trajs=False``, the default), wrong shapes or dtypes, inconsistent flags, no ``done``
-    and no flags to make it. A ``[W, 0]`` or ``[0, T]`` rollout gets an empty id key.
+    and no flags to make it, a rollout whose ``is_init`` shows it is ``[T, W]`` (each end
+    followed by a start down the rows, not along time: ``torch.stack(steps)`` stacks on dim
+    0). A ``[W, 0]`` or ``[0, T]`` rollout gets an empty id key.
 
     Args:
         keys: key overrides (also ``set_keys(...)`` after construction).

@@ -49,7 +49,8 @@ class GAE(RolloutTransform):
     on ``L``), TorchRL's own padded trajectories (``Collector(split_trajs=True)``:
     ``("collector", "mask")`` is present, and its padding would count as real steps), wrong
     shapes or dtypes, NaN or inf in rewards and values, ``done`` that is not
-    ``terminated | truncated``, meta tensors.
+    ``terminated | truncated``, meta tensors, a rollout whose ``is_init`` shows it is
+    ``[T, W]`` (as ``EpisodeSplitter`` refuses it).
 
     Args:
         gamma: discount in ``[0, 1]``.
@@ -138,7 +139,7 @@ class GAE(RolloutTransform):
             truncated=None if truncated is None else (keys.truncated, truncated),
         )
         # an episode that is_init starts without a done before it ends there too
-        ends = episode_ends(done, tensordict, keys.is_init, tensordict.batch_dims - 1)
+        ends = episode_ends(done, tensordict, keys.is_init, tensordict.batch_dims - 1, keys.done)
         advantage, target = gae_unchecked(
             reward, value, next_value, terminated, ends, gamma=self.gamma, lmbda=self.lmbda
         )

@@ -58,6 +58,12 @@ def test_rollout_shape():
         ),
     ):
         rollout_shape(TensorDict(batch_size=[4]), "X")
+    # the hint fits the shape: a flattened [W * T] is reshaped, never unsqueezed (which would
+    # join the workers' rows into one), and [C, W, T] keeps time last
+    with pytest.raises(ValueError, match=re.escape("td.reshape(W, T), never unsqueeze(0)")):
+        rollout_shape(TensorDict(batch_size=[60]), "X")
+    with pytest.raises(ValueError, match=re.escape("[C, W, T]: td.reshape(-1, T)")):
+        rollout_shape(TensorDict(batch_size=[2, 3, 4]), "X")
 
 
 def test_check_shape_never_broadcasts():

@@ -173,3 +173,49 @@ def test_an_output_key_on_the_rollouts_own_data_is_refused():
     again = SequenceChunker(sequence_length=2)(EpisodeSplitter()(split))
     assert torch.equal(again["episode_id"], split["episode_id"])
     GAE(gamma=0.9, lmbda=0.9)(GAE(gamma=0.9, lmbda=0.9)(td))
+
+
+def _collected(workers=3, steps=12):
+    """A rollout as a collector writes it: an end at (w, t) is followed by a start at t + 1."""
+    g = torch.Generator().manual_seed(3)
+    done = torch.rand(workers, steps, 1, generator=g) < 0.25
+    is_init = torch.zeros_like(done)
+    is_init[:, 0] = True
+    is_init[:, 1:] = done[:, :-1]
+    return TensorDict(
+        {
+            "observation": torch.randn(workers, steps, 2, generator=g),
+            "is_init": is_init,
+            "state_value": torch.zeros(workers, steps, 1),
+            "next": {
+                "done": done,
+                "terminated": done,
+                "reward": torch.ones(workers, steps, 1),
+                "state_value": torch.zeros(workers, steps, 1),
+            },
+        },
+        [workers, steps],
+    )
+
+
+def test_a_transposed_rollout_is_refused_where_is_init_shows_it():
+    """[T, W] given as [W, T] (torch.stack(steps) stacks on dim 0) was read across workers:
+    GAE, the splitter and everything after them took it in silence."""
+    from rppo_td import GAE
+
+    rollout = _collected()
+    assert rollout["next", "done"][:, :-1].any()
+    flipped = rollout.transpose(0, 1).contiguous()
+    message = r"batch size \[12, 3\] looks transposed: it must be \[W, T\]"
+    with pytest.raises(ValueError, match=message):
+        EpisodeSplitter()(flipped.clone())
+    with pytest.raises(ValueError, match=message):
+        GAE(gamma=0.9, lmbda=0.9)(flipped.clone())
+    # the rollout itself, and one whose is_init marks only the first step (allowed), pass
+    EpisodeSplitter()(rollout.clone())
+    GAE(gamma=0.9, lmbda=0.9)(rollout.clone())
+    partial = rollout.clone()
+    partial["is_init"] = torch.zeros_like(partial["is_init"])
+    partial["is_init"][:, 0] = True
+    EpisodeSplitter()(partial)
+    GAE(gamma=0.9, lmbda=0.9)(partial)
