@@ -53,8 +53,8 @@ MEMORY_GYM_IDS = {
 }
 
 INSTALL_HINT = (
-    "pip install -e '.[memory-gym]' (in the rppo_td checkout), then "
-    'pip install --no-deps "memory-gym>=1.0.1" '
+    "pip install 'rppo_td[memory-gym]' (or pip install -e '.[memory-gym]' in an rppo_td "
+    'checkout), then pip install --no-deps "memory-gym>=1.0.1" '
     "(memory-gym pins gymnasium==0.29.0, which would replace the gymnasium 1.x rppo_td needs, "
     "so it goes in without its dependencies)"
 )

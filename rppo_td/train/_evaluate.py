@@ -79,13 +79,16 @@ def episode_step_limit(env_id: str, limit: int | None = None) -> int | None:
     return EVAL_STEP_LIMIT
 
 
-def _warn_cut(env_id: str, cut: int, episodes: int, limit: int, given: bool) -> None:
+def _warn_cut(
+    env_id: str, cut: int, episodes: int, limit: int, given: bool, kind: str = "evaluation"
+) -> None:
     log.warning(
-        "env %r: %d of %d evaluation episodes did not end within %d steps and were cut there "
+        "env %r: %d of %d %s episodes did not end within %d steps and were cut there "
         "(their returns are those of the steps played)%s",
         env_id,
         cut,
         episodes,
+        kind,
         limit,
         "" if given else "; the env has no time limit of its own",
     )
@@ -339,7 +342,7 @@ def record_agent(
             returns.append(total)
             lengths.append(steps)
     if cut and limit is not None:
-        _warn_cut(env_id, cut, episodes, limit, max_episode_steps is not None)
+        _warn_cut(env_id, cut, episodes, limit, max_episode_steps is not None, "recorded")
     return returns, lengths
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from tensordict import NestedKey, TensorDictBase
+from tensordict import NestedKey, TensorDictBase, is_tensorclass
 from tensordict.utils import unravel_key
 from torchrl.envs.transforms import Transform
 
-from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
+from rppo_td._keys import DEFAULT_KEYS, RolloutKeys, as_path
 
 __all__ = ["RolloutTransform"]
 
@@ -96,7 +96,22 @@ class RolloutTransform(Transform):
         )
 
     def _check_unlocked(self, tensordict: TensorDictBase) -> None:
-        """Refuses a locked rollout before any work: this transform adds keys to its input."""
+        """Refuses a rollout that cannot take the keys this transform adds, before any work.
+
+        A locked tensordict, and a tensorclass without a field for each key (tensordict's
+        own ``AttributeError`` named no transform and no way out).
+        """
+        if is_tensorclass(tensordict):
+            declared = {field.name for field in fields(type(tensordict))}
+            missing = [key for key in self.out_keys if as_path(key)[0] not in declared]
+            if missing:
+                raise ValueError(
+                    f"{type(self).__name__} writes {missing} into the rollout, but "
+                    f"{type(tensordict).__name__} (a tensorclass) has no field for "
+                    f"{'it' if len(missing) == 1 else 'them'}: declare each as an optional "
+                    f"field ({as_path(missing[0])[0]}: torch.Tensor | None = None), or pass "
+                    "rollout.to_tensordict()"
+                )
         if tensordict.is_locked:
             raise RuntimeError(
                 f"{type(self).__name__} writes {self.out_keys} into the rollout, but the "

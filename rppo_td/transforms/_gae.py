@@ -123,8 +123,15 @@ class GAE(RolloutTransform):
         done, truncated = self._done(tensordict, terminated)
         expected = (*tensordict.batch_size, 1)
         if tuple(reward.shape) != expected:
+            per_agent = reward.ndim > 3 and tuple(reward.shape[:2]) == expected[:2]
             raise ValueError(
                 f"{keys.reward!r} must have shape {list(expected)}, got {list(reward.shape)}"
+                + (
+                    ": GAE computes one advantage per step, from one reward per step (per-agent "
+                    "rewards: give it a team reward, their sum for instance)"
+                    if per_agent
+                    else ""
+                )
             )
         check_gae_inputs(
             {

@@ -109,7 +109,7 @@ def test_a_recording_is_cut_as_the_evaluation(tmp_path, caplog):
         )
     writer.close()
     assert (returns, lengths, writer.frames) == ([6.0, 6.0], [6, 6], 14)
-    assert "2 of 2 evaluation episodes did not end within 6 steps" in caplog.text
+    assert "2 of 2 recorded episodes did not end within 6 steps" in caplog.text
 
 
 def test_rppo_eval_takes_and_checks_the_flag(tmp_path, capsys):

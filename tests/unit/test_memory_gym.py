@@ -197,6 +197,7 @@ def test_a_missing_extra_names_the_install_commands(monkeypatch):
     assert INSTALL_HINT in str(err.value)
     assert 'pip install --no-deps "memory-gym>=1.0.1"' in INSTALL_HINT
     assert "pip install -e '.[memory-gym]'" in INSTALL_HINT
+    assert "pip install 'rppo_td[memory-gym]'" in INSTALL_HINT
     with pytest.raises(EnvError, match="--no-deps"):
         make_env("rppo_td/MortarMayhem-Grid-v0")
 

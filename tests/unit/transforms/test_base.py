@@ -103,3 +103,36 @@ def test_inv_is_identity_unless_overridden():
 def test_keys_type_checked():
     with pytest.raises(TypeError, match="keys must be a RolloutKeys, got tuple"):
         EpisodeSplitter(keys=("next", "done"))
+
+
+def test_a_tensorclass_without_the_output_fields_is_refused_by_name():
+    """tensordict's own AttributeError ("Cannot set the attribute 'advantage'") named no
+    transform; a tensorclass that declares the fields takes them."""
+    import torch
+    from tensordict import TensorDict, tensorclass
+
+    @tensorclass
+    class Bare:
+        state_value: torch.Tensor
+        next: TensorDict
+
+    @tensorclass
+    class Declared:
+        state_value: torch.Tensor
+        next: TensorDict
+        advantage: torch.Tensor | None = None
+        value_target: torch.Tensor | None = None
+
+    done = torch.zeros(2, 5, 1, dtype=torch.bool)
+    step = TensorDict(
+        {"reward": torch.ones(2, 5, 1), "state_value": torch.zeros(2, 5, 1), "done": done},
+        [2, 5],
+    )
+    step["terminated"] = done
+    gae = GAE(gamma=0.9, lmbda=0.9)
+    with pytest.raises(ValueError, match=r"GAE writes \['advantage', 'value_target'\] .* Bare"):
+        gae(Bare(state_value=torch.zeros(2, 5, 1), next=step.clone(), batch_size=[2, 5]))
+    with pytest.raises(ValueError, match=r"EpisodeSplitter writes \['episode_id'\]"):
+        EpisodeSplitter()(Bare(state_value=torch.zeros(2, 5, 1), next=step, batch_size=[2, 5]))
+    out = gae(Declared(state_value=torch.zeros(2, 5, 1), next=step.clone(), batch_size=[2, 5]))
+    assert out.advantage.shape == (2, 5, 1)
