@@ -4,26 +4,21 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from collections import deque
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from rppo_td.envs import EnvError, make_env, make_vector_env, register_envs
+from rppo_td.envs import make_env, make_vector_env, register_envs
 from rppo_td.envs._memory_gym import (
-    INSTALL_HINT,
     MEMORY_GYM_IDS,
     MemoryGymAdapter,
     _headless_pygame,
     import_memory_gym,
-    make_memory_gym,
 )
 from rppo_td.modules._spaces import is_image
 from rppo_td.train import main
-from rppo_td.train._cli import config_from_args
 
 _headless_pygame()  # before pygame's first import: no ALSA errors without a sound card
 pytest.importorskip("memory_gym")
@@ -90,18 +85,6 @@ def test_spaces_are_uint8_images_and_memory_gyms_actions(env_id):
     obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
     assert env.observation_space.contains(obs) and type(reward) is float
     assert (terminated, truncated) == (False, False)
-
-
-def test_registration_does_not_import_memory_gym():
-    code = (
-        "import sys, gymnasium as gym, rppo_td.envs\n"
-        "assert gym.spec('rppo_td/SearingSpotlights-v0').entry_point.endswith(':make_memory_gym')\n"
-        "print('memory_gym' in sys.modules, 'pygame' in sys.modules)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.split() == ["False", "False"]
 
 
 def test_float_images_of_memory_gym_1_0_0_become_uint8():
@@ -190,18 +173,6 @@ def test_mortar_mayhem_has_no_time_limit_every_end_terminates(env_id):
 
 
 # ---- the missing extra ---------------------------------------------------------------------------
-def test_a_missing_extra_names_the_install_commands(monkeypatch):
-    monkeypatch.setitem(sys.modules, "memory_gym", None)  # import memory_gym now fails
-    with pytest.raises(ImportError, match="memory-gym extra") as err:
-        make_memory_gym("MortarMayhem-Grid-v0")
-    assert INSTALL_HINT in str(err.value)
-    assert 'pip install --no-deps "memory-gym>=1.0.1"' in INSTALL_HINT
-    assert "pip install -e '.[memory-gym]'" in INSTALL_HINT
-    assert "pip install 'rppo_td[memory-gym]'" in INSTALL_HINT
-    with pytest.raises(EnvError, match="--no-deps"):
-        make_env("rppo_td/MortarMayhem-Grid-v0")
-
-
 # ---- vector envs ---------------------------------------------------------------------------------
 def test_vector_env_truncates_and_keeps_the_final_observation():
     envs = make_vector_env("rppo_td/MysteryPath-Grid-v0", 2)
@@ -252,24 +223,6 @@ def test_closing_one_env_leaves_the_others_running_and_the_last_ends_pygame(monk
 
 
 # ---- presets and a short training run ------------------------------------------------------------
-PRESETS = {
-    "mortar-mayhem": "rppo_td/MortarMayhem-v0",
-    "mortar-mayhem-grid": "rppo_td/MortarMayhem-Grid-v0",
-    "mystery-path": "rppo_td/MysteryPath-v0",
-    "mystery-path-grid": "rppo_td/MysteryPath-Grid-v0",
-    "searing-spotlights": "rppo_td/SearingSpotlights-v0",
-}
-
-
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_presets_take_the_seed_designs_settings(preset):
-    config, _ = config_from_args(["--preset", preset])
-    assert config.env == PRESETS[preset] and config.total_steps >= 80_000_000
-    assert (config.recurrence, config.hidden_size) == ("gru", 512)
-    assert (config.num_workers, config.rollout_steps) == (32, 512)
-    assert config.sequence_length == config.rollout_steps  # whole episodes within a rollout
-
-
 def test_a_short_training_run_on_a_grid_task(tmp_path):
     out = tmp_path / "run"
     argv = ["--preset", "mortar-mayhem-grid", "--total-steps", "128", "--num-workers", "2"]
