@@ -246,6 +246,7 @@ class RecurrentPPOLoss(ClipPPOLoss):
         self._group_checked = False  # the options compared across the group, at the first call
         # the networks' TorchRL LSTMModule / GRUModule, found at the first call
         self._recurrent: tuple[tuple[str, Any, Any, torch.Tensor, list, Any], ...] | None = None
+        self._recurrence: bool | None = None  # _has_recurrence
         # False: the trunk runs once per network whatever the networks say (what
         # benchmarks/learn_phase.py compares with); None: as _shares_trunk finds
         self._trunk_shared: bool | None = None
@@ -424,8 +425,9 @@ class RecurrentPPOLoss(ClipPPOLoss):
             self._group_checked = True
         # the real steps, and whether a row holds a real step after padding (a mask that is
         # not a True prefix along the time dim: the padding would run through the recurrent
-        # core before it)
-        holes = (mask[:, 1:] > mask[:, :-1]).any() if mask.ndim >= 2 else mask.new_zeros(())
+        # core before it; a feed-forward network may mask any step)
+        sequences = mask.ndim >= 2 and self._has_recurrence()
+        holes = (mask[:, 1:] > mask[:, :-1]).any() if sequences else mask.new_zeros(())
         flags = torch.stack([mask.sum(), holes.long()])
         if group is not None:
             flags = all_reduce(flags, group)
@@ -609,6 +611,17 @@ class RecurrentPPOLoss(ClipPPOLoss):
             if entropy.shape == adv_shape and bool(_where(mask, entropy, 0.0).isfinite().all()):
                 return entropy.unsqueeze(-1)
         return self._get_entropy(dist, adv_shape=adv_shape)
+
+    def _has_recurrence(self) -> bool:
+        """Whether the actor or the critic holds a recurrent core (an RNN or RNN cell)."""
+        if self._recurrence is None:  # found once
+            networks = [n for n in (self.actor_network, self.critic_network) if n is not None]
+            self._recurrence = any(
+                isinstance(module, (nn.RNNBase, nn.RNNCellBase))
+                for network in networks
+                for module in network.modules()
+            )
+        return self._recurrence
 
     def _check_recurrent_inputs(self, tensordict: TensorDictBase) -> None:
         """Refuses by name the inputs TorchRL's ``LSTMModule`` / ``GRUModule`` would fail on.

@@ -540,6 +540,8 @@ class SequenceStartStates(RolloutTransform):
                     states, last = scan_step_by_step(
                         module, tensordict, own_start, active, is_init_key=self.keys.is_init
                     )
+            except torch.OutOfMemoryError:  # not the inputs' fault: as it came
+                raise
             except RuntimeError as err:  # torch's own error names no key: name the inputs
                 raise ValueError(
                     f"SequenceStartStates: {type(module).__name__} failed on its inputs "

@@ -620,3 +620,23 @@ def test_a_module_failing_on_its_inputs_is_named_with_their_shapes():
         ValueError, match=r"TensorDictSequential failed on its inputs 'observation' \[2, 8, 5\]"
     ):
         SequenceStartStates(both, start_state="refreshed")(chunked)
+
+
+def test_out_of_memory_in_a_module_is_raised_as_it_came():
+    """Not the inputs' fault: code that catches torch.OutOfMemoryError to retry smaller
+    still can (it is a RuntimeError, which is otherwise named with the inputs)."""
+    from tensordict.nn import TensorDictModule
+
+    class Boom(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(3, 4)
+
+        def forward(self, x, h):
+            raise torch.OutOfMemoryError("simulated")
+
+    _, _, _, chunked = _two_cores()
+    chunked["hb"] = torch.zeros(2, 8, 1, 4)
+    module = TensorDictModule(Boom(), ["observation", "hb"], ["y", ("next", "hb")])
+    with pytest.raises(torch.OutOfMemoryError, match="simulated"):
+        SequenceStartStates(module, start_state="refreshed")(chunked)

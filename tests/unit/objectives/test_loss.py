@@ -463,6 +463,38 @@ def test_a_mask_that_is_not_a_true_prefix_is_refused_by_name():
         _loss(agent)(batch)
 
 
+def test_a_feed_forward_loss_takes_a_mask_with_gaps():
+    """Without a recurrent core nothing runs from one step into the next: any step may be
+    masked (steps after an autoreset, say), as before the True-prefix check."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor, ValueOperator
+
+    torch.manual_seed(0)
+    actor = ProbabilisticActor(
+        TensorDictModule(torch.nn.Linear(3, 4), ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[1, 2] = False
+    td = TensorDict(
+        {
+            "observation": torch.randn(4, 6, 3),
+            "action": torch.randint(0, 4, (4, 6)),
+            "action_log_prob": torch.randn(4, 6) - 1.4,
+            "advantage": torch.randn(4, 6, 1),
+            "value_target": torch.randn(4, 6, 1),
+            "loss_mask": mask,
+        },
+        [4, 6],
+    )
+    ours = RecurrentPPOLoss(actor, critic)(td)["loss_objective"]
+    theirs = ClipPPOLoss(actor, critic)(td[mask].exclude("loss_mask"))["loss_objective"]
+    torch.testing.assert_close(ours, theirs)
+
+
 def test_per_head_entropy_coefficients_on_a_single_head_policy_are_refused_by_name():
     """A mapping for entropy_coeff needs a composite distribution: on one head it is refused
     naming the setting (TorchRL failed inside with "'Tensor' object has no attribute

@@ -219,3 +219,20 @@ def test_a_transposed_rollout_is_refused_where_is_init_shows_it():
     partial["is_init"][:, 0] = True
     EpisodeSplitter()(partial)
     GAE(gamma=0.9, lmbda=0.9)(partial)
+    # a small rollout marking some starts only, which reads as well down its rows (one end)
+    done = torch.tensor([[1, 0], [1, 0]]).bool().unsqueeze(-1)
+    small = TensorDict(
+        {
+            "is_init": torch.tensor([[1, 1], [1, 0]]).bool().unsqueeze(-1),
+            "state_value": torch.zeros(2, 2, 1),
+            "next": {
+                "done": done,
+                "terminated": done.clone(),
+                "reward": torch.ones(2, 2, 1),
+                "state_value": torch.zeros(2, 2, 1),
+            },
+        },
+        [2, 2],
+    )
+    EpisodeSplitter()(small.clone())
+    GAE(gamma=0.9, lmbda=0.9)(small.clone())
