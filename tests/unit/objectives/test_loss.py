@@ -95,6 +95,22 @@ def _garbage(batch, seed=5):
     return dirty
 
 
+def _feed_forward(actions):
+    """A linear Categorical actor over ``actions`` and a linear critic, both on a 3-feature
+    ``observation``: no recurrent core."""
+    from tensordict.nn import TensorDictModule
+    from torchrl.modules import ProbabilisticActor
+
+    actor = ProbabilisticActor(
+        TensorDictModule(torch.nn.Linear(3, actions), ["observation"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+    )
+    critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+    return actor, critic
+
+
 def _loss(agent, **kwargs):
     return RecurrentPPOLoss(
         agent.actor,
@@ -466,17 +482,8 @@ def test_a_mask_that_is_not_a_true_prefix_is_refused_by_name():
 def test_a_feed_forward_loss_takes_a_mask_with_gaps():
     """Without a recurrent core nothing runs from one step into the next: any step may be
     masked (steps after an autoreset, say), as before the True-prefix check."""
-    from tensordict.nn import TensorDictModule
-    from torchrl.modules import ProbabilisticActor, ValueOperator
-
     torch.manual_seed(0)
-    actor = ProbabilisticActor(
-        TensorDictModule(torch.nn.Linear(3, 4), ["observation"], ["logits"]),
-        in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
-    critic = ValueOperator(torch.nn.Linear(3, 1), in_keys=["observation"])
+    actor, critic = _feed_forward(actions=4)
     mask = torch.ones(4, 6, dtype=torch.bool)
     mask[1, 2] = False
     td = TensorDict(
@@ -626,17 +633,8 @@ def test_entropy_is_the_mean_over_real_steps():
 
 def test_a_batch_of_one_dimension():
     """``[N]`` steps (no time) work too: a recurrent network is not required."""
-    from tensordict.nn import TensorDictModule
-    from torchrl.modules import ProbabilisticActor
-
     torch.manual_seed(0)
-    actor = ProbabilisticActor(
-        TensorDictModule(torch.nn.Linear(3, 2), ["observation"], ["logits"]),
-        in_keys=["logits"],
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-    )
-    critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+    actor, critic = _feed_forward(actions=2)
     batch = TensorDict(
         {
             "observation": torch.randn(6, 3),
