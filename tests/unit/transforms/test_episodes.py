@@ -175,9 +175,9 @@ def test_an_output_key_on_the_rollouts_own_data_is_refused():
     GAE(gamma=0.9, lmbda=0.9)(GAE(gamma=0.9, lmbda=0.9)(td))
 
 
-def _collected(workers=3, steps=12):
+def _collected(workers=3, steps=12, seed=3):
     """A rollout as a collector writes it: an end at (w, t) is followed by a start at t + 1."""
-    g = torch.Generator().manual_seed(3)
+    g = torch.Generator().manual_seed(seed)
     done = torch.rand(workers, steps, 1, generator=g) < 0.25
     is_init = torch.zeros_like(done)
     is_init[:, 0] = True
@@ -211,6 +211,9 @@ def test_a_transposed_rollout_is_refused_where_is_init_shows_it():
         EpisodeSplitter()(flipped.clone())
     with pytest.raises(ValueError, match=message):
         GAE(gamma=0.9, lmbda=0.9)(flipped.clone())
+    two = _collected(workers=2, seed=4).transpose(0, 1).contiguous()  # [12, 2]
+    with pytest.raises(ValueError, match=r"batch size \[12, 2\] looks transposed"):
+        EpisodeSplitter()(two)
     # the rollout itself, and one whose is_init marks only the first step (allowed), pass
     EpisodeSplitter()(rollout.clone())
     GAE(gamma=0.9, lmbda=0.9)(rollout.clone())
