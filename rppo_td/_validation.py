@@ -117,6 +117,8 @@ def check_not_transposed(
     # rows by chance: at least two ends down the rows must show it
     if is_init is None or done.ndim != 2 or done.shape[0] < 2 or done.shape[1] < 2:
         return
+    if done.is_meta or is_init.is_meta:  # shapes only: no values to read
+        return
     if bool(none_true(done[:, :-1] > is_init[:, 1:])):  # every end followed by a start
         return
     down_rows = none_true(done[:-1] > is_init[1:]) & is_init[0].all() & (done[:-1].sum() >= 2)

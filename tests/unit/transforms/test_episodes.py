@@ -239,3 +239,6 @@ def test_a_transposed_rollout_is_refused_where_is_init_shows_it():
     )
     EpisodeSplitter()(small.clone())
     GAE(gamma=0.9, lmbda=0.9)(small.clone())
+    # a meta rollout (shapes only) passes the splitter as before: no values to read
+    shapes = rollout.select("is_init", ("next", "done")).to("meta")
+    assert EpisodeSplitter()(shapes)["episode_id"].is_meta
