@@ -250,7 +250,7 @@ def episode_ends(
     tensordict: TensorDictBase,
     is_init_key: NestedKey,
     time_dim: int,
-    done_key: NestedKey = ("next", "done"),
+    done_key: NestedKey,
 ) -> torch.Tensor:
     """``done`` ``[*B, T, 1]``, also True before each step that ``is_init`` marks as a start.
 

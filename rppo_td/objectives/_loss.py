@@ -435,18 +435,19 @@ class RecurrentPPOLoss(ClipPPOLoss):
         # the loss terms' denominator; with a group, C / world_size for C real steps in all
         denominator: torch.Tensor = count if group is None else count / world_size
         real_steps, with_holes = flags.tolist()  # one sync; every rank raises together
-        where = " on some rank" if group is not None else ""
+        alone = group is None
         if not real_steps:
             raise ValueError(
                 f"RecurrentPPOLoss got a minibatch of padding only: {keys.loss_mask!r} is False "
-                f"at all {mask.numel()} positions{where.replace('some', 'any')}; it needs at "
-                "least one real step"
+                f"at all {mask.numel()} positions{'' if alone else ' on any rank'}; it "
+                "needs at least one real step"
             )
         if with_holes:
             raise ValueError(
                 f"{keys.loss_mask!r} must be a True prefix in every row (padding only at the "
-                f"end, as SequencePadder writes it): a row{where} holds a real step after a "
-                "padding position, whose inputs would then reach it through the recurrent core"
+                f"end, as SequencePadder writes it): a row{'' if alone else ' on some rank'}"
+                " holds a real step after a padding position, whose inputs would then reach it "
+                "through the recurrent core"
             )
         advantage = _where(mask, advantage, 0.0)
         # one real value is left as it is, as ClipPPOLoss leaves it (standardised it is 0)

@@ -95,7 +95,7 @@ class RolloutTransform(Transform):
             "keys=RolloutKeys(...))"
         )
 
-    def _check_unlocked(self, tensordict: TensorDictBase) -> None:
+    def _check_takes_outputs(self, tensordict: TensorDictBase) -> None:
         """Refuses a rollout that cannot take the keys this transform adds, before any work.
 
         A locked tensordict, and a tensorclass without a field for each key (tensordict's

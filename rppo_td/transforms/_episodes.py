@@ -124,7 +124,7 @@ class EpisodeSplitter(RolloutTransform):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
         shape = rollout_shape(tensordict, "EpisodeSplitter")
-        self._check_unlocked(tensordict)
+        self._check_takes_outputs(tensordict)
         check_not_padded(tensordict, keys.loss_mask, "EpisodeSplitter")
         check_not_split_trajs(tensordict, "EpisodeSplitter")
         done, is_init = read_done(tensordict, keys, shape, "EpisodeSplitter")
@@ -170,7 +170,7 @@ class SequenceChunker(RolloutTransform):
 
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         shape = rollout_shape(tensordict, "SequenceChunker")
-        self._check_unlocked(tensordict)
+        self._check_takes_outputs(tensordict)
         check_not_padded(tensordict, self.keys.loss_mask, "SequenceChunker")
         episode = get_key(
             tensordict, self.keys.episode_id, hint="Run EpisodeSplitter before SequenceChunker."

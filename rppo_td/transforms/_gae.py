@@ -112,7 +112,7 @@ class GAE(RolloutTransform):
     def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
         keys = self.keys
         rollout_shape(tensordict, "GAE")
-        self._check_unlocked(tensordict)
+        self._check_takes_outputs(tensordict)
         check_not_padded(tensordict, keys.loss_mask, "GAE")
         check_not_split_trajs(tensordict, "GAE")
         self._fill_values(tensordict)

@@ -161,7 +161,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         keys = self.keys
         who = "EpisodicNoveltyBonus"
         shape = rollout_shape(tensordict, who)
-        self._check_unlocked(tensordict)
+        self._check_takes_outputs(tensordict)
         check_not_padded(tensordict, keys.loss_mask, who)
         check_not_split_trajs(tensordict, who)
         self._check_novel_key()  # set_keys may have moved a read key onto it

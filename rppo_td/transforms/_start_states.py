@@ -608,7 +608,7 @@ def _state_specs(
             return {}
         return {key: (tuple(net.state_shape), param.dtype) for key in own}
     specs: dict[NestedKey, tuple[tuple[int, ...], torch.dtype]] = {}
-    for part in [module, *getattr(module, "modules", lambda: [])()]:
+    for part in module.modules():  # the module itself first
         core = getattr(part, "lstm", None) or getattr(part, "gru", None)
         if core is None or not (hasattr(core, "hidden_size") and hasattr(core, "num_layers")):
             continue
