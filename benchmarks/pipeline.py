@@ -5,9 +5,10 @@ What is timed, per rollout shape (batch ``[W, T]``, see ``_common.PIPELINE_SHAPE
 - ``rppo_td``: GAE -> EpisodeSplitter -> SequenceChunker -> one epoch of ``SequenceSampler``
   minibatches gathered lazily from the rollout (every minibatch materialised, then dropped, as
   a trainer consumes them one at a time).
-- ``rppo_td reuse``: the same with ``SequenceSampler(reuse_memory=True)``: every minibatch of
-  the epoch is written into one buffer, so no fresh pages per minibatch. (The trainer used it
-  once; it now samples padded sequences, the ``rppo_td padded`` path below.)
+- ``rppo_td reuse``: the same with ``SequenceSampler(reuse_memory=True)``: the minibatches of
+  the epoch are written into two buffers taken in turn, so no fresh pages per minibatch.
+  (The trainer used it once; it now samples padded sequences, the ``rppo_td padded`` path
+  below.)
 - ``rppo_td padded``: the README's composition: the same, but through ``SequencePadder``
   first and the sampler over its output (whose leaves, not read by anyone before the sampler,
   are gathered per minibatch straight from the rollout: the padder makes no copy).

@@ -9,6 +9,9 @@ when no tensor outside the pool still uses it: every output is a *view* of a poo
 so each live output, each view of it and each tensor autograd saved from it counts as a use
 of the buffer's storage. A buffer in use is never written, so reuse is invisible to callers:
 outputs kept alive (``list(sampler(td))``, a graph not yet backwarded) simply get new memory.
+A buffer moved to shared memory (an output sent to another process through
+``torch.multiprocessing``, which moves its storage there) may still be read by that process
+when no tensor here uses it: the pool drops it and never writes it again.
 
 CPU only: CUDA's caching allocator already reuses freed blocks.
 """
@@ -20,7 +23,7 @@ import math
 import torch
 from tensordict import NestedKey
 
-__all__ = ["OutputPool"]
+__all__ = ["OutputPool", "storage_uses"]
 
 # buffers kept per key: an output and its successor are alive at once in
 # ``x = pad(next_rollout)``, so two let every call after the second reuse memory
@@ -34,8 +37,8 @@ HEADROOM = 1.25
 MIN_BYTES = 8 << 20
 
 
-def _uses(buffer: torch.Tensor) -> int:
-    """References to the buffer's storage (its own tensor included, the probe excluded)."""
+def storage_uses(buffer: torch.Tensor) -> int:
+    """References to the tensor's storage (its own tensor included, the probe excluded)."""
     storage = buffer.untyped_storage()
     return torch._C._storage_Use_Count(storage._cdata) - 1
 
@@ -47,10 +50,11 @@ class OutputPool:
     ``like``'s dtype and device. On CPU, for outputs of at least 8 MiB (smaller ones mostly
     come from touched heap memory anyway), it is a view of one of up to two buffers kept for
     ``key``, chosen among those no tensor outside the pool uses and large enough; a buffer is
-    (re)allocated with 25% headroom when none fits. Outside CPU, or where torch does not
-    expose storage use counts, it is ``new_empty``; so is an output of a tensor that requires
-    grad (written with ``out=``, it would leave autograd's graph), or one made in inference
-    mode (its buffer could not be written outside it).
+    (re)allocated with 25% headroom when none fits. A buffer found in shared memory (an output
+    sent to another process) is dropped, never reused: the other process may still read it.
+    Outside CPU, or where torch does not expose storage use counts, it is ``new_empty``; so is
+    an output of a tensor that requires grad (written with ``out=``, it would leave autograd's
+    graph), or one made in inference mode (its buffer could not be written outside it).
 
     Example:
         >>> pool = OutputPool()
@@ -89,7 +93,10 @@ class OutputPool:
         if not self.wants(like, numel):
             return like.new_empty(shape)
         slots = self._buffers.setdefault((key, like.dtype), [])
-        free = [b for b in slots if _uses(b) == 1]
+        # an output sent to another process moved its buffer to shared memory: that process
+        # may read it whatever this one holds, so the buffer is left to it
+        slots[:] = [b for b in slots if not b.is_shared()]
+        free = [b for b in slots if storage_uses(b) == 1]
         fits = [b for b in free if b.numel() >= numel]
         if fits:
             buffer = min(fits, key=torch.Tensor.numel)

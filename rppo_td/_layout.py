@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
+from tensordict import NestedKey, TensorDict, TensorDictBase
 
 from rppo_td._buffers import OutputPool
 from rppo_td._keys import RolloutKeys
@@ -36,6 +36,7 @@ from rppo_td._validation import (
     check_values,
     get_key,
     rollout_shape,
+    tensor_leaves,
 )
 from rppo_td.functional import layout_from_starts, pad_rows, runs_pay
 
@@ -471,7 +472,7 @@ def gather_sequences(
         for i, (key, feature) in enumerate(zip(stack.keys, stack.features, strict=True)):
             stacked[key] = rows[i].view(*flat.shape, *feature)
     # is_leaf_nontensor: without it items() skips non-tensor leaves silently
-    leaves = list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
+    leaves = tensor_leaves(td)
     for key, value in leaves:
         if key not in stacked:
             check_tensor_leaf(key, value, flat.device, ids="the sequence ids")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,6 +43,7 @@ __all__ = [
     "implies",
     "none_true",
     "rollout_shape",
+    "tensor_leaves",
     "whole_at_least",
 ]
 
@@ -468,3 +469,49 @@ def check_balance(value: object) -> None:
     """Raises a ``ValueError`` unless ``value`` is ``"steps"`` or ``"sequences"``."""
     if value not in ("steps", "sequences"):
         raise ValueError(f"balance must be 'steps' or 'sequences', got {value!r}")
+
+
+def tensor_leaves(td: TensorDictBase) -> list[tuple[NestedKey, Any]]:
+    """``td``'s leaves, non-tensor data included, as ``(key, value)`` pairs.
+
+    A ``LazyStackedTensorDict`` whose stacked tensordicts hold a leaf in different shapes
+    cannot give that leaf as one tensor (tensordict raises a ``RuntimeError`` that names no
+    key): refused with a ``ValueError`` naming the key and its shapes.
+    """
+    from tensordict import is_leaf_nontensor
+
+    try:
+        return list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
+    except RuntimeError as err:
+        for key in td.keys(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor):
+            try:
+                td.get(key)
+            except RuntimeError:
+                raise ValueError(
+                    f"the rollout's {_name(key)} has different shapes in the tensordicts "
+                    f"lazily stacked into it{_stacked_shapes(td, key)}: a leaf must have one "
+                    f"shape at every step to be padded into one tensor; give every stacked "
+                    f"tensordict's {_name(key)} one shape, or leave it out "
+                    f"(td.exclude({_name(key)}))"
+                ) from err
+        raise
+
+
+def _stacked_shapes(td: TensorDictBase, key: NestedKey) -> str:
+    """`` (shapes [...] along the stack)`` for the lazy stack that holds ``key``, or ``""``."""
+    from tensordict import LazyStackedTensorDict
+
+    path = key if isinstance(key, tuple) else (key,)
+    for depth in range(len(path)):
+        try:
+            outer = td.get(path[:depth]) if depth else td
+        except (KeyError, RuntimeError):
+            return ""
+        if isinstance(outer, LazyStackedTensorDict):
+            rest = path[depth:]
+            try:
+                shapes = [list(part.get(rest).shape) for part in outer.tensordicts]
+            except (KeyError, RuntimeError):
+                continue
+            return f" (shapes {shapes} along the stack)"
+    return ""

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from typing import Literal
 
 import torch
-from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
+from tensordict import NestedKey, TensorDict, TensorDictBase, is_leaf_nontensor
 
-from rppo_td._buffers import OutputPool
+from rppo_td._buffers import OutputPool, storage_uses
 from rppo_td._distributed import check_shard_args, gather_ints, resolve_shard
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys
 from rppo_td._layout import (
@@ -29,6 +29,7 @@ from rppo_td._validation import (
     check_shape,
     get_key,
     none_true,
+    tensor_leaves,
 )
 from rppo_td.functional import movable, plan_minibatches, runs_pay, sequence_runs
 
@@ -110,7 +111,7 @@ def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:
     """
     leaves = raw_leaves(td) if type(td) is TensorDict else None
     if leaves is None:
-        leaves = td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor)
+        leaves = tensor_leaves(td)
     size, grad = 0, False
     for _, value in leaves:
         if type(value) is Pending:
@@ -213,15 +214,17 @@ class SequenceSampler:
     nobody has read yet are read the same way: gathered per minibatch straight from the
     rollout, and left as they were in ``td`` (``SequencePadder``).
 
-    With ``reuse_memory=True`` (rollout input only, gathered minibatch by minibatch) all
-    minibatches of one epoch are written into one buffer sized for the largest: no fresh memory
-    per minibatch, whose first touch costs as much as the gather itself on large rollouts. Each
-    minibatch is then overwritten by the next: use it (forward and backward) or clone it before
-    asking for the next one. A graph that still needs an overwritten minibatch fails loudly in
-    ``backward`` (autograd's in-place check). The buffer's large leaves (8 MiB and more) come
-    from the sampler's kept memory, so the next epoch reuses it once nothing holds it. Leaves
-    that require grad are the exception: ``out=`` writes are not recorded by autograd, so each
-    minibatch gets them in fresh memory, in a graph of its own.
+    With ``reuse_memory=True`` (rollout input only, gathered minibatch by minibatch) the
+    minibatches of one epoch are written into two buffers sized for the largest, taken in
+    turn: no fresh memory per minibatch, whose first touch costs as much as the gather itself
+    on large rollouts. A buffer is written again only when nothing made from it is alive: the
+    minibatch a loop still holds while it asks for the next one lives in the other buffer,
+    and a minibatch the caller keeps (in a list, in a graph not yet backwarded, sent to
+    another process) makes its buffer be replaced by fresh memory, never overwritten. The
+    buffers' large leaves (8 MiB and more) come from the sampler's kept memory, so the next
+    epoch reuses it once nothing holds it. Leaves that require grad are the exception:
+    ``out=`` writes are not recorded by autograd, so each minibatch gets them in fresh
+    memory, in a graph of its own.
 
     **Gathered minibatch by minibatch, or the epoch at once** (``gather_epoch``). By default
     (None) an epoch whose minibatches hold at most ``epoch_gather_bytes`` (64 MiB) together,
@@ -241,10 +244,13 @@ class SequenceSampler:
     **When the input is read.** The call reads the ids and lengths and plans the epoch (its
     checks raise there); the data is read as the minibatches are asked for: all of it at the
     first one when the epoch is gathered at once, minibatch by minibatch otherwise. So
-    changes to the input made before the first minibatch is asked for are seen either way;
-    change it during an epoch and which minibatches see the change depends on the mode. (A
-    padder output's leaves not read yet are the rollout's values at padding time: a rollout
-    leaf written in place since is refused by name, see ``SequencePadder``.)
+    changes to the input made before the first minibatch is asked for are seen either way.
+    A rollout leaf written in place during an epoch gathered minibatch by minibatch is refused
+    by name when the next minibatch is asked for (its minibatches would mix old and new
+    values; writes through ``.data`` or a NumPy view are not seen); an epoch gathered at once
+    has read the rollout at its first minibatch. (A padder output's leaves not read yet are
+    the rollout's values at padding time: a rollout leaf written in place since is refused by
+    name, see ``SequencePadder``.)
 
     **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
 
@@ -291,8 +297,8 @@ class SequenceSampler:
         generator: a ``torch.Generator`` (CPU or the data's device), the source of the order;
             None uses torch's global one.
         balance: ``"steps"`` or ``"sequences"``.
-        reuse_memory: write every minibatch of an epoch into the same buffer (see above);
-            for epochs gathered minibatch by minibatch.
+        reuse_memory: write the minibatches of an epoch into two buffers taken in turn (see
+            above); for epochs gathered minibatch by minibatch.
         gather_epoch: gather the whole epoch at once (True), minibatch by minibatch
             (False), or by size (None, the default; see above).
         pad_to: optional fixed ``Lp`` for rollout input, as ``SequencePadder(pad_to=...)``:
@@ -443,13 +449,22 @@ class SequenceSampler:
         """The rollout's minibatches gathered one by one, as each is asked for."""
         # the one-number-per-step leaves of each dtype, gathered together (once per epoch)
         stacks = ScalarStack.of(td, layout.flat_index.device) if len(groups) > 1 else None
-        out = None
-        if self.reuse_memory:
-            rows = max(index.numel() for index in groups)
-            out = layout.empty_buffer(td, rows, pool=self._pool)
-        # the groups are the plan's own: in range, so gather_sequences skips the index check;
-        # it writes into out when given, else into the pool's memory
-        for index in groups:
+        # reuse_memory: two buffers taken in turn, so that the minibatch the caller's loop
+        # still holds while it asks for the next one is never written
+        buffers: list[_Buffer | None] = [None, None]
+        rows = max(index.numel() for index in groups)
+        versions = _Versions(td)
+        for i, index in enumerate(groups):
+            if i:
+                versions.check()
+            out = None
+            if self.reuse_memory:
+                buffer = buffers[i % 2]
+                if buffer is None or buffer.held():  # kept by the caller: fresh memory
+                    buffer = buffers[i % 2] = _Buffer(layout.empty_buffer(td, rows, self._pool))
+                out = buffer.leaves
+            # the groups are the plan's own: in range, so gather_sequences skips the index
+            # check; it writes into out when given, else into the pool's memory
             yield gather_sequences(
                 layout, td, self.keys, index, out=out, pool=self._pool, stacks=stacks
             )
@@ -460,6 +475,55 @@ class SequenceSampler:
             return self.gather_epoch
         # slices of one gather share its graph: a backward per minibatch would fail
         return num_groups > 1 and not grad and epoch_bytes <= self.epoch_gather_bytes
+
+
+class _Buffer:
+    """One ``reuse_memory`` buffer: ``SequenceLayout.empty_buffer``'s leaves and their uses.
+
+    A minibatch written into it is a view of its leaves; once the caller drops the
+    minibatch, each leaf's storage is back to the uses it had when made (``held`` is False).
+    """
+
+    def __init__(self, leaves: dict[NestedKey, torch.Tensor]) -> None:
+        self.leaves = leaves
+        self.uses = {key: storage_uses(value) for key, value in leaves.items()}
+
+    def held(self) -> bool:
+        """Whether a tensor made from the buffer is still alive (or sent to another process)."""
+        if not OutputPool.enabled:  # no use counts to read: never write it again
+            return True
+        return any(
+            storage_uses(value) != self.uses[key] or value.is_shared()
+            for key, value in self.leaves.items()
+        )
+
+
+class _Versions:
+    """The rollout's leaves' version counters when the epoch's first minibatch is gathered.
+
+    Minibatches gathered one by one read the rollout as they are asked for: a leaf written
+    in place during the epoch would reach only the later ones. ``check`` refuses it by key.
+    """
+
+    def __init__(self, td: TensorDictBase) -> None:
+        self.leaves = [
+            (key, value, value._version)
+            for key, value in td.items(include_nested=True, leaves_only=True)
+            if type(value) is torch.Tensor and not value.is_inference()
+        ]
+
+    def check(self) -> None:
+        """Raises a ``ValueError`` naming a leaf written in place since the first minibatch."""
+        for key, value, version in self.leaves:
+            if value._version != version:
+                raise ValueError(
+                    f"SequenceSampler gathers each minibatch from the rollout when it is asked "
+                    f"for, and the rollout's {key!r} was modified in place during the epoch "
+                    f"(version {version} at its first minibatch, now {value._version}): its "
+                    "minibatches would mix old and new values. Change the rollout before the "
+                    "epoch's first minibatch is asked for or after its last, or write to a "
+                    "clone of it"
+                )
 
 
 def _check_shared_plan(

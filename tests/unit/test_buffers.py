@@ -33,6 +33,17 @@ def test_memory_comes_back_once_the_output_is_gone():
     assert c.data_ptr() != view.data_ptr() - view.stride(0) * view.element_size()
 
 
+def test_memory_sent_to_another_process_is_never_reused():
+    pool, like = OutputPool(), torch.zeros(1)
+    a = pool.empty("x", (2048, 1024), like)
+    # torch.multiprocessing moves a sent tensor's storage to shared memory; the sender then
+    # drops it, but the receiving process may still read it
+    sent = a.share_memory_().data_ptr()
+    del a
+    for _ in range(3):
+        assert pool.empty("x", (2048, 1024), like).data_ptr() != sent
+
+
 def test_memory_saved_for_backward_is_not_reused_until_the_backward():
     pool, like = OutputPool(), torch.zeros(1)
     kept = []

@@ -654,3 +654,32 @@ def test_gae_value_network_must_be_callable():
 def test_padding_positions_refuses_meta():
     with pytest.raises(ValueError, match=re.escape("'loss_mask' is a meta tensor")):
         F.padding_positions(torch.ones(2, 3, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+@pytest.mark.parametrize("who", ["padder", "sampler"])
+def test_a_lazy_stack_of_workers_with_leaves_of_other_shapes_is_refused_by_key(nested, who):
+    from tensordict import LazyStackedTensorDict
+
+    steps, done = 6, torch.zeros(6, 1, dtype=torch.bool)
+    rows = [torch.zeros(steps, width) for width in (1, 2)]  # one worker's is [T, 1], one [T, 2]
+    if nested:
+        parts = [TensorDict({"o": row}, [steps]) for row in rows]
+        td = TensorDict(
+            {
+                "x": LazyStackedTensorDict.lazy_stack(parts, 0),
+                ("next", "done"): done.expand(2, -1, -1),
+            },
+            [2, steps],
+        )
+        key = ("x", "o")
+    else:
+        parts = [TensorDict({"o": row, ("next", "done"): done}, [steps]) for row in rows]
+        td, key = LazyStackedTensorDict.lazy_stack(parts, 0), "o"
+    td = SequenceChunker(sequence_length=4)(EpisodeSplitter()(td))
+    message = re.escape(f"the rollout's {key!r} has different shapes") + r".*\[\[6, 1\], \[6, 2\]\]"
+    with pytest.raises(ValueError, match=message):
+        if who == "padder":
+            SequencePadder()(td)
+        else:
+            list(SequenceSampler(2)(td))

@@ -113,15 +113,46 @@ def test_input_checks():
         SequenceSampler(2)(_chunked()[0])
 
 
-def test_reuse_memory_overwrites_the_previous_minibatch_in_place():
+def test_reuse_memory_takes_two_buffers_in_turn_and_never_overwrites_a_kept_minibatch():
     td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
     sampler = SequenceSampler(
-        2, generator=torch.Generator().manual_seed(0), reuse_memory=True, gather_epoch=False
+        3, generator=torch.Generator().manual_seed(0), reuse_memory=True, gather_epoch=False
     )
-    first, second = sampler(td)
-    # both minibatches are views of one buffer, so the first now shows the second's rows
-    assert first["observation"].data_ptr() == second["observation"].data_ptr()
-    assert torch.equal(first["observation"][0], second["observation"][0])
+    # a loop that drops each minibatch: the buffers alternate, so the one it still holds
+    # while asking for the next is never written
+    pointers = []
+    for mb in sampler(td):
+        pointers.append(mb["observation"].data_ptr())
+    assert pointers[0] == pointers[2] != pointers[1]
+    # kept minibatches (a list, over two epochs) keep the values they were yielded with
+    kept = []
+    for _ in range(2):
+        for mb in sampler(td):
+            kept.append((mb, mb.clone()))
+    assert all((mb == copy).all() for mb, copy in kept)
+    # so does the loop variable's minibatch and one leaf kept alone
+    leaves = []
+    for mb in sampler(td):
+        leaves.append((mb["observation"], mb["observation"].clone()))
+    assert all(torch.equal(leaf, copy) for leaf, copy in leaves)
+
+
+def test_reuse_memory_leaves_a_buffer_sent_to_another_process():
+    td = SequenceChunker(sequence_length=2)(EpisodeSplitter()(small_rollout()))
+    sampler = SequenceSampler(
+        3, generator=torch.Generator().manual_seed(0), reuse_memory=True, gather_epoch=False
+    )
+    sent = set()
+    with mock.patch("rppo_td._buffers.MIN_BYTES", 0):  # pool every leaf, however small
+        for mb in sampler(td):
+            # what torch.multiprocessing does to a tensor it sends: its storage moves to
+            # shared memory; the sender then drops it while the receiver still reads it
+            sent.add(mb["observation"].share_memory_().data_ptr())
+        del mb
+        gc.collect()
+        for _ in range(2):
+            for mb in sampler(td):
+                assert mb["observation"].data_ptr() not in sent
 
 
 def test_reuse_memory_buffer_serves_the_next_epoch_once_nothing_holds_it():
@@ -335,3 +366,26 @@ def test_empty_levels_and_tensorclasses_keep_their_place_and_type(padded, gather
         mask = minibatch["loss_mask"]
         at = (minibatch["worker_index"] * steps + minibatch["time_index"])[mask]
         assert torch.equal(minibatch["reading"].value[mask], reading.flatten(0, 1)[at])
+
+
+@pytest.mark.parametrize("reuse_memory", [False, True])
+def test_a_rollout_written_during_an_epoch_gathered_one_by_one_is_refused(reuse_memory):
+    td = _chunked()
+    sampler = SequenceSampler(
+        3,
+        generator=torch.Generator().manual_seed(0),
+        reuse_memory=reuse_memory,
+        gather_epoch=False,
+    )
+    epoch = iter(sampler(td))
+    next(epoch)
+    td["observation"].mul_(0)  # the later minibatches would see zeros, the first did not
+    with pytest.raises(ValueError, match=r"the rollout's 'observation' was modified in place"):
+        next(epoch)
+    # between epochs it is the caller's to change
+    assert all((mb["observation"] == 0).all() for mb in sampler(td))
+    # an epoch gathered at once read the whole rollout at its first minibatch
+    whole = iter(SequenceSampler(3, gather_epoch=True)(td))
+    next(whole)
+    td["observation"].add_(1)
+    assert all((mb["observation"][mb["loss_mask"]] == 0).all() for mb in whole)
