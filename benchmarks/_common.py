@@ -358,18 +358,30 @@ def write_json(name: str, payload: dict[str, object]) -> Path:
     """Writes ``benchmarks/results/<name>.json`` and returns its path.
 
     A result already there is never overwritten (the docs cite it by name): the new run
-    goes to ``<name>-<UTC time>.json`` beside it. Quick runs (``<name>_quick``), ignored by
-    git, are overwritten.
+    goes to ``<name>-<UTC time>.json`` beside it (``-2``, ``-3``, ... after it where runs
+    finish in the same second; each file is created exclusively). Quick runs
+    (``<name>_quick``), ignored by git, are overwritten.
     """
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = name.removesuffix(".json")
+    text = json.dumps({"environment": environment(), **payload}, indent=2) + "\n"
     path = RESULTS / f"{name}.json"
-    if path.exists() and not name.endswith("_quick"):
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        path = RESULTS / f"{name}-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)  # a name may hold folders: sub/name
-    path.write_text(json.dumps({"environment": environment(), **payload}, indent=2) + "\n")
-    return path
+    if name.endswith("_quick"):
+        path.write_text(text)
+        return path
+    # created exclusively: two runs finishing in the same second get two files
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    candidates = [path, RESULTS / f"{name}-{stamp}.json"]
+    candidates += (RESULTS / f"{name}-{stamp}-{i}.json" for i in range(2, 1000))
+    for path in candidates:
+        try:
+            with path.open("x") as f:
+                f.write(text)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"write_json: no free name for {name!r} under {RESULTS}")
 
 
 def format_seconds(seconds: float | None) -> str:

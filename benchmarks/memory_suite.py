@@ -32,13 +32,15 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -146,7 +148,7 @@ class Suite:
 
     @classmethod
     def load(cls, path: Path) -> Suite:
-        stored = json.loads(path.read_text())["runs"] if path.exists() else {}
+        stored = _stored_runs(path)
         runs: dict[str, dict] = {}
         moved = []
         for key, result in stored.items():
@@ -168,6 +170,24 @@ class Suite:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         tmp.replace(self.path)
+
+
+def _stored_runs(path: Path) -> dict[str, dict]:
+    """The ``runs`` of a results file (none where it is not there), refused by name if broken."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"{path} is not valid JSON ({err}); move it away or mend it") from err
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, dict):
+        raise SystemExit(
+            f"{path} is not a memory suite results file: it needs an object with a 'runs' "
+            f"object, got {type(data).__name__}"
+            + (f" with keys {sorted(data)[:5]}" if isinstance(data, dict) else "")
+        )
+    return runs
 
 
 # The presets' earlier values, as (when the preset changed, task, {flag: value before}). A run
@@ -457,7 +477,9 @@ def import_run(task: str, seed: int, directory: Path) -> dict:
     if not isinstance(config, dict) or any(name not in summary for name in fields):
         raise SystemExit(f"--import-run: {path} lacks rppo-train's config or one of {list(fields)}")
     if config.get("seed") != seed:
-        raise SystemExit(f"{directory}: summary.json has seed {config.get('seed')}, not {seed}")
+        raise SystemExit(
+            f"--import-run: {directory}: summary.json has seed {config.get('seed')}, not {seed}"
+        )
     preset = preset_settings(TASKS[task].preset)
     for name in ("env", "total_steps"):  # what the task's row is: its env and its budget
         if config.get(name) != preset[name]:
@@ -509,15 +531,30 @@ def cli_args(name: str, value: str) -> list[str]:
 
 
 def check_settings(
-    parser: argparse.ArgumentParser, task: str, flags: tuple[tuple[str, str], ...]
+    parser: argparse.ArgumentParser,
+    task: str,
+    flags: tuple[tuple[str, str], ...],
+    total_steps: int | None = None,
+    who: str = "--flags",
 ) -> None:
-    """Refuses (``parser.error``) flags that ``rppo-train`` would refuse over ``task``'s preset."""
+    """Refuses (``parser.error``) flags that ``rppo-train`` would refuse over ``task``'s preset.
+
+    ``total_steps``: the runs' budget where the suite sets one (``--ablation-steps``).
+    """
     argv = ["--preset", TASKS[task].preset]
+    if total_steps is not None:
+        argv += ["--total-steps", str(total_steps)]
     for name, value in flags:
         argv += cli_args(name, value)
     message = train_refusal(argv)
     if message is not None:
-        parser.error(f"--flags over {task}'s preset: {message}")
+        budget = "" if total_steps is None else f" with --ablation-steps {total_steps}"
+        parser.error(f"{who} runs over {task}'s preset{budget}: {message}")
+
+
+# the rppo-train processes running now (run_all stops them when interrupted)
+_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
 
 
 def run_one(run: Run, workdir: Path) -> dict:
@@ -534,7 +571,15 @@ def run_one(run: Run, workdir: Path) -> dict:
     load_before = os.getloadavg()[0]
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(child)
+        try:
+            stdout, stderr = child.communicate()
+        finally:
+            with _CHILDREN_LOCK:
+                _CHILDREN.discard(child)
+    proc = subprocess.CompletedProcess(cmd, child.returncode, stdout, stderr)
     process_s = time.perf_counter() - start
     result: dict = {
         "task": run.task,
@@ -597,24 +642,55 @@ def first_reach(curve: list[list[float]], target: float) -> dict:
 
 
 def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
+    """Runs what is not recorded yet (all with ``rerun``), saving each result as it ends.
+
+    A rerun's result replaces the recorded one, except that a failed rerun never replaces a
+    successful record (it is reported and dropped). Interrupted (Ctrl-C), the runs not
+    started are cancelled, the running ones stopped and not recorded, and the process exits
+    with 130; the results saved so far stay, and the same command goes on from there.
+    """
     # a run that failed is not done: it is run again; one the suite made with the same
     # settings under another key (flags equal to the preset's since) is done
     done = {identity(r) for r in suite.runs.values() if r["returncode"] == 0 and not imported(r)}
     todo = [run for run in runs if rerun or identity(run.as_result()) not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {suite.path.name}", flush=True)
     failures = 0
-    with (
-        tempfile.TemporaryDirectory(prefix="memory_suite_") as tmp,
-        ThreadPoolExecutor(jobs) as pool,
-    ):
-        futures = {pool.submit(run_one, run, Path(tmp)): run for run in todo}
-        for i, future in enumerate(futures, 1):
-            run = futures[future]
-            result = future.result()
-            suite.runs[run.key] = result
-            suite.save()
-            failures += result["returncode"] != 0
-            print(f"[{i}/{len(todo)}] {run.key}: {_line(result)}", flush=True)
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        with tempfile.TemporaryDirectory(prefix="memory_suite_") as tmp:
+            futures = {pool.submit(run_one, run, Path(tmp)): run for run in todo}
+            for i, future in enumerate(as_completed(futures), 1):
+                run = futures[future]
+                result = future.result()
+                if result["returncode"] in (130, -signal.SIGINT):  # stopped by the Ctrl-C
+                    raise KeyboardInterrupt
+                failures += result["returncode"] != 0
+                kept = suite.runs.get(run.key)
+                if result["returncode"] != 0 and kept is not None and kept["returncode"] == 0:
+                    print(
+                        f"[{i}/{len(todo)}] {run.key}: {_line(result)}\n    (the recorded "
+                        f"successful run of {kept.get('finished', '?')} is kept)",
+                        flush=True,
+                    )
+                    continue
+                suite.runs[run.key] = result
+                suite.save()
+                print(f"[{i}/{len(todo)}] {run.key}: {_line(result)}", flush=True)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        with _CHILDREN_LOCK:
+            for child in _CHILDREN:
+                child.terminate()
+        pool.shutdown(wait=True)
+        print(
+            f"\ninterrupted: the runs recorded so far are in {suite.path}; the runs in flight "
+            "were stopped and not recorded, the others not started (the same command goes on "
+            "from here)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(130) from None
+    pool.shutdown(wait=True)
     return failures
 
 
@@ -853,6 +929,17 @@ def plot_curves(suite: Suite) -> list[str]:
     return names
 
 
+def _cpus_of(suite: Suite) -> str:
+    """The CPU models the suite's runs recorded, most runs first (runs before 2026-12-04 have
+    none)."""
+    counts: dict[str, int] = {}
+    for result in suite.runs.values():
+        cpu = result.get("cpu") or "an unrecorded CPU"
+        counts[cpu] = counts.get(cpu, 0) + 1
+    ranked = sorted(counts, key=lambda cpu: (-counts[cpu], cpu))
+    return ", ".join(f"{cpu} ({counts[cpu]} runs)" for cpu in ranked) or "no CPU"
+
+
 def report(suite: Suite, results_page: Path) -> None:
     figures = plot_curves(suite)
     env = environment()
@@ -860,9 +947,10 @@ def report(suite: Suite, results_page: Path) -> None:
         MARK_START,
         "## Memory suite",
         "",
-        f"`python benchmarks/memory_suite.py` (JSON: `{suite.path.relative_to(REPO)}`), on "
-        f"{env['machine']} with {env['cpus']} cores, Python {env['python']}, torch "
-        f"{env['torch']} (CPU), each run `--threads 1` with the task's preset; wall-clock is "
+        f"`python benchmarks/memory_suite.py` (JSON: `{suite.path.relative_to(REPO)}`), runs "
+        f"made on {_cpus_of(suite)} (each run's CPU model is in the JSON; this report was "
+        f"written with Python {env['python']}, torch {env['torch']}), each run "
+        "`--threads 1` on the CPU with the task's preset; wall-clock is "
         "the trainer's (collection and updates), and rises with the load of parallel runs "
         "(recorded per run in the JSON). Steps and seconds to the target are read off the "
         "training return (the mean of the last 20 episodes, stochastic policy); the final "
@@ -936,7 +1024,12 @@ def main(argv: list[str] | None = None) -> int:
         "'--start-state refreshed'; on-off settings as '--name True' or '--name False'",
     )
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
-    parser.add_argument("--rerun", action="store_true", help="rerun runs already recorded")
+    parser.add_argument(
+        "--rerun",
+        action="store_true",
+        help="rerun runs already recorded (a new result replaces the recorded one; a failed "
+        "rerun never replaces a successful record)",
+    )
     parser.add_argument("--report", action="store_true", help="write docs/results.md")
     parser.add_argument("--quick", action="store_true", help="one short run (CI)")
     parser.add_argument(
@@ -966,6 +1059,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{name} applies to the {needs} runs, and none were asked for")
     if args.ablation_steps is not None and args.ablation_steps < 1:
         parser.error(f"--ablation-steps must be >= 1, got {args.ablation_steps}")
+    for flag, tasks in (("--tasks", args.tasks), ("--ablation", args.ablation)):
+        if len(set(tasks)) < len(tasks):
+            parser.error(f"{flag} must name each task once, got {tasks}")
     if not (args.tasks or args.ablation or args.import_run or args.report or args.quick):
         parser.error("nothing to do: give --tasks, --ablation, --import-run, --report or --quick")
     if args.report and args.output not in (None, "memory_suite"):
@@ -991,6 +1087,30 @@ def main(argv: list[str] | None = None) -> int:
         failures = run_all(runs, suite, 1, rerun=True)
         print("\n".join(ablation_table(suite, "poc-memory", total_steps=1024, base=flags[3:])))
         return 1 if failures else 0
+    words = args.flags.split()
+    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
+        parser.error(f"--flags must be '--name value' pairs, got {args.flags!r}")
+    flags = tuple((name[2:], value) for name, value in zip(words[::2], words[1::2], strict=True))
+    settings = preset_settings(TASKS[args.tasks[0]].preset) if args.tasks else {}
+    for name, _ in flags:
+        if settings and name.replace("-", "_") not in settings:
+            parser.error(
+                f"--flags: --{name} is no rppo-train setting (see rppo-train --help; on-off "
+                "settings as '--name True' or '--name False')"
+            )
+        if name in ("seed", "total-steps", "output", "preset"):
+            parser.error(
+                f"--flags must not set --{name}: the suite sets it for each run (use --seeds, "
+                "--tasks or --ablation-steps)"
+            )
+    for task in args.tasks:  # each run's settings as rppo-train will check them, up front
+        check_settings(parser, task, flags)
+    runs = [Run(task, seed, flags) for task in args.tasks for seed in args.seeds]
+    for task in args.ablation:
+        cells = ablation_runs(task, args.seeds, args.ablation_steps, args.identical)
+        for overrides in dict.fromkeys(run.overrides for run in cells):
+            check_settings(parser, task, overrides, args.ablation_steps, "--ablation")
+        runs += cells
     for task, seed, directory in args.import_run:
         if task not in TASKS:
             parser.error(f"--import-run: unknown task {task!r}; known: {sorted(TASKS)}")
@@ -1018,31 +1138,16 @@ def main(argv: list[str] | None = None) -> int:
         key = Run(task, int(seed), tuple(result["overrides"].items())).key
         suite.runs[f"{key} imported on {result['cpu']}"] = result
         suite.save()
-    words = args.flags.split()
-    if len(words) % 2 or not all(w.startswith("--") for w in words[::2]):
-        parser.error(f"--flags must be '--name value' pairs, got {args.flags!r}")
-    flags = tuple((name[2:], value) for name, value in zip(words[::2], words[1::2], strict=True))
-    settings = preset_settings(TASKS[args.tasks[0]].preset) if args.tasks else {}
-    for name, _ in flags:
-        if settings and name.replace("-", "_") not in settings:
-            parser.error(
-                f"--flags: --{name} is no rppo-train setting (see rppo-train --help; on-off "
-                "settings as '--name True' or '--name False')"
-            )
-        if name in ("seed", "total-steps", "output", "preset"):
-            parser.error(
-                f"--flags must not set --{name}: the suite sets it for each run (use --seeds, "
-                "--tasks or --ablation-steps)"
-            )
-    for task in args.tasks:  # each run's settings as rppo-train will check them, up front
-        check_settings(parser, task, flags)
-    runs = [Run(task, seed, flags) for task in args.tasks for seed in args.seeds]
-    for task in args.ablation:
-        runs += ablation_runs(task, args.seeds, args.ablation_steps, args.identical)
+        print(f"--import-run {task} {seed} {directory}: recorded as {key!r} in {suite.path}")
     failures = run_all(runs, suite, args.jobs, args.rerun) if runs else 0
     for task in args.ablation:  # this budget's cells (--report publishes the preset's)
         print("\n".join(ablation_table(suite, task, total_steps=args.ablation_steps)))
     if args.report:
+        if not suite.runs:
+            parser.error(
+                f"--report: no runs in {suite.path}; docs/results.md is left as it is (its "
+                "section is written from that file's runs)"
+            )
         report(suite, DOCS / "results.md")
     return 1 if failures else 0
 

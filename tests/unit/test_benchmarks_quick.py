@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -694,3 +696,35 @@ def test_robustness_refuses_a_setting_before_any_run(setting: str, message: str)
     assert message in done.stderr, done.stderr
     assert "seeds" not in done.stdout  # no run started
     assert set(RESULTS.glob("robustness*")) == before
+
+
+def test_memory_suite_rerun_never_replaces_a_successful_record_with_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory_suite = _memory_suite()
+    key = memory_suite.Run("poc-memory", 0).key
+    good = {**memory_suite.Run("poc-memory", 0).as_result(), "returncode": 0, "eval_return": 1.0}
+    path, suite = _loaded_suite(memory_suite, tmp_path, {key: good})
+    success = {"returncode": 0, "eval_return": 0.5, "eval_std": 0.0, "steps_to_target": None}
+    success.update(train_s=1.0, load_before=0.0)
+    outcomes = iter([{"returncode": 1, "error": "killed"}, success])
+    monkeypatch.setattr(
+        memory_suite, "run_one", lambda run, _: {**run.as_result(), **next(outcomes)}
+    )
+    runs = [memory_suite.Run("poc-memory", 0)]
+    assert memory_suite.run_all(runs, suite, 1, rerun=True) == 1
+    assert memory_suite.Suite.load(path).runs[key]["eval_return"] == 1.0  # the good one kept
+    assert memory_suite.run_all(runs, suite, 1, rerun=True) == 0
+    assert memory_suite.Suite.load(path).runs[key]["eval_return"] == 0.5  # a success replaces it
+
+
+def test_memory_suite_refuses_repeated_tasks_and_an_ablation_budget_rppo_train_refuses() -> None:
+    memory_suite = _memory_suite()
+    for argv, message in (
+        (["--tasks", "poc-memory", "poc-memory"], "--tasks must name each task once"),
+        (["--ablation", "poc-memory", "--ablation-steps", "512"], "less than one rollout"),
+    ):
+        with pytest.raises(SystemExit) as info, mock.patch("sys.stderr", new=io.StringIO()) as err:
+            memory_suite.main([*argv, "--output", "never_written"])
+        assert info.value.code == 2
+        assert message in err.getvalue()
