@@ -121,12 +121,21 @@ def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
 def write_atomic(path: Path, write: Callable[[Any], None]) -> None:
     """Calls ``write(file)`` on ``<path>.tmp``, syncs it and renames it to ``path``.
 
-    The temporary file is removed if anything fails (an interrupt included).
+    The temporary file is removed if anything fails (an interrupt included). A write that
+    fails (a full disk) raises an ``OSError`` naming ``path``, also from ``torch.save``.
     """
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("wb") as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as err:
+                # torch.save reports a failed write (a full disk) as its own RuntimeError,
+                # raised while handling the OSError that says why: that one is raised
+                cause = err.__cause__ or err.__context__
+                if isinstance(cause, OSError):
+                    raise OSError(cause.errno, cause.strerror, str(path)) from err
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -347,24 +356,29 @@ def _type_names(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def load_env_state(directory: Path, reference: dict[str, str] | None) -> Any | None:
+def load_env_state(
+    directory: Path, reference: dict[str, str] | None
+) -> tuple[Any | None, str | None]:
     """Unpickles the env copies a checkpoint names, after checking their SHA-256.
 
     Unpickling runs code: only ``--resume`` calls this, on runs the user trusts.
 
     Returns:
-        The env copies, or None when the checkpoint saved none, or the file is missing or
-        does not match its hash (the caller then restarts the envs and says so).
+        ``(envs, None)``, or ``(None, why)`` when the checkpoint saved none, or the file is
+        missing or does not match its hash (the caller then restarts the envs and says why).
     """
     if reference is None:
-        return None
+        return None, "the checkpoint saved no env state"
     file = directory / Path(reference["file"]).name
     if not file.is_file():
-        return None
+        return None, f"{file.name}, the env state the checkpoint names, is missing"
     blob = file.read_bytes()
     if hashlib.sha256(blob).hexdigest() != reference["sha256"]:
-        return None
-    return pickle.loads(blob)  # a file whose hash the checkpoint holds
+        return None, (
+            f"{file.name} does not match the SHA-256 the checkpoint holds for it (changed or "
+            "damaged since it was written)"
+        )
+    return pickle.loads(blob), None  # a file whose hash the checkpoint holds
 
 
 def check_resumable(saved: TrainConfig, given: dict[str, Any]) -> TrainConfig:

@@ -407,11 +407,12 @@ class Trainer:
                 self.config.env_processes,
             )
         elif saves_envs:
-            envs = load_env_state(self.directory, checkpoint.get("env_state"))
+            envs, why = load_env_state(self.directory, checkpoint.get("env_state"))
             if envs is None:
                 log.warning(
-                    "no usable env state beside the checkpoint: the envs restart from a reset "
-                    "(the run continues, but not exactly as an uninterrupted one would)"
+                    "no usable env state beside the checkpoint (%s): the envs restart from a "
+                    "reset (the run continues, but not exactly as an uninterrupted one would)",
+                    why,
                 )
         try:
             self.agent.load_state_dict(checkpoint["model"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -302,6 +303,40 @@ def whole_if_integral(fps: float) -> float:
     return int(fps) if float(fps).is_integer() else fps
 
 
+def mp4_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole MP4 file, or None where it is.
+
+    An MP4 is a chain of boxes (a 4-byte size, a 4-byte type, 8 more bytes of size where the
+    size is 1) that must fill the file exactly and hold the media (``mdat``) and its index
+    (``moov``, which ffmpeg writes last): a write cut short leaves a box running past the end
+    of the file, or no ``moov``.
+    """
+    size = path.stat().st_size
+    kinds = set()
+    offset = 0
+    with path.open("rb") as f:
+        while offset < size:
+            f.seek(offset)
+            header = f.read(8)
+            if len(header) < 8:
+                return f"a box header cut at byte {offset} of {size}"
+            box, kind = struct.unpack(">I4s", header)
+            if box == 1:
+                wide = f.read(8)
+                if len(wide) < 8:
+                    return f"a box header cut at byte {offset} of {size}"
+                box = struct.unpack(">Q", wide)[0]
+            elif box == 0:  # the last box, to the end of the file
+                box = size - offset
+            if box < 8 or offset + box > size:
+                name = kind.decode("latin-1")
+                return f"a '{name}' box of {box} bytes at byte {offset} of a {size}-byte file"
+            kinds.add(kind)
+            offset += box
+    missing = [name for name in ("mdat", "moov") if name.encode() not in kinds]
+    return f"no {' or '.join(missing)} box" if missing else None
+
+
 class VideoWriter:
     """Writes ``[H, W, 3]`` uint8 frames to a GIF or an MP4, chosen by the path's suffix.
 
@@ -413,6 +448,13 @@ class VideoWriter:
             else:
                 self._mp4.close()
                 self._mp4 = None
+                # imageio-ffmpeg does not read ffmpeg's exit status: a file ffmpeg could not
+                # finish (a full disk) would pass for a video
+                problem = mp4_problem(self._partial)
+                if problem is not None:
+                    raise OSError(
+                        f"ffmpeg did not finish it ({problem}; its messages above say why)"
+                    )
             os.replace(self._partial, self.path)
         except BaseException:
             self.discard()

@@ -75,7 +75,8 @@ sys.exit(main(sys.argv[4:]))
 """
 
 
-# A trainer whose disk fills up while it writes the checkpoint of one update.
+# A trainer whose disk fills up while it writes the checkpoint of one update. torch.save
+# then raises its own RuntimeError while handling the OSError (as torch 2.13 does).
 FULL_DISK = """
 import errno, sys, torch
 update = int(sys.argv[1])
@@ -83,7 +84,10 @@ real_save = torch.save
 def full_save(obj, f, *args, **kwargs):
     if isinstance(obj, dict) and obj.get("counters", {}).get("update") == update:
         f.write(b"PK\\x03\\x04 half a checkpoint")
-        raise OSError(errno.ENOSPC, "No space left on device")
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
     return real_save(obj, f, *args, **kwargs)
 torch.save = full_save
 from rppo_td.train import main

@@ -344,6 +344,43 @@ def test_an_mp4_that_ffmpeg_cannot_write_is_refused_by_name(tmp_path, monkeypatc
     assert not list(tmp_path.iterdir())
 
 
+def test_an_mp4_that_ffmpeg_leaves_unfinished_is_refused_and_the_old_file_kept(
+    tmp_path, monkeypatch
+):
+    """ffmpeg failing at the end (a full disk: no index written) exits with an error that
+    imageio-ffmpeg does not read; the file is checked instead, and the old video stays."""
+    from rppo_td.train import _video
+
+    path = tmp_path / "old.mp4"
+    path.write_bytes(b"the old video")
+    checked = _video.mp4_problem
+
+    def full_disk(partial):
+        whole = partial.read_bytes()
+        partial.write_bytes(whole[: len(whole) - 100])  # the index cut short
+        return checked(partial)
+
+    monkeypatch.setattr(_video, "mp4_problem", full_disk)
+    writer = VideoWriter(check_video_path(path), fps=4)
+    for value in range(6):
+        writer.add(np.full((8, 8, 3), 40 * value, dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"^cannot write the video '.*old\.mp4': ffmpeg did not"):
+        writer.close()
+    assert path.read_bytes() == b"the old video"
+    assert [p.name for p in tmp_path.iterdir()] == ["old.mp4"]
+    # a whole file passes, and every cut of it is found
+    monkeypatch.setattr(_video, "mp4_problem", checked)
+    writer = VideoWriter(check_video_path(tmp_path / "new.mp4"), fps=4)
+    for value in range(6):
+        writer.add(np.full((8, 8, 3), 40 * value, dtype=np.uint8))
+    whole = writer.close().read_bytes()
+    assert checked(tmp_path / "new.mp4") is None
+    cut = tmp_path / "cut.mp4"
+    for end in range(0, len(whole), 7):
+        cut.write_bytes(whole[:end])
+        assert checked(cut) is not None, end
+
+
 def test_gif_frames_keep_time_at_rates_that_are_not_whole_hundredths(tmp_path):
     """At 30 fps frames last 30 or 40 ms (a GIF stores hundredths): 30 frames take 1 s."""
     writer = VideoWriter(check_video_path(tmp_path / "clock.gif"), fps=30)
