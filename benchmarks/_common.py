@@ -354,6 +354,17 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0 (a negative budget or rate is refused by name)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
+    return value
+
+
 def write_json(name: str, payload: dict[str, object]) -> Path:
     """Writes ``benchmarks/results/<name>.json`` and returns its path.
 

@@ -34,7 +34,14 @@ import argparse
 import os
 
 import torch
-from _common import at_least, format_seconds, print_table, time_interleaved, write_json
+from _common import (
+    at_least,
+    format_seconds,
+    print_table,
+    time_interleaved,
+    train_refusal,
+    write_json,
+)
 from tensordict.nn import TensorDictSequential
 
 from rppo_td.envs import make_vector_env, resolve_env_id
@@ -68,6 +75,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats unless given")
     parser.add_argument("--output", default=None, help="also write benchmarks/results/NAME.json")
     args = parser.parse_args()
+    refused = train_refusal(["--env", args.env])
+    if refused is not None:
+        parser.error(f"--env {args.env!r}: {refused}")
     quick = {"workers": 4, "steps": 8, "repeats": 2}
     full = {"workers": defaults.num_workers, "steps": defaults.rollout_steps, "repeats": 15}
     for flag, value in (quick if args.quick else full).items():  # a flag given wins

@@ -39,7 +39,8 @@ from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rppo_td.modules import _encoders
 from rppo_td.train import TrainConfig, Trainer, load_agent
-from rppo_td.train._cli import load_yaml
+from rppo_td.train._checkpoint import checkpoint_file
+from rppo_td.train._cli import list_presets, load_yaml
 
 CHANGES = ("shared trunk", "one scatter")
 
@@ -161,7 +162,8 @@ def _bench(trainer: Trainer, preset: str, repeats: int) -> dict[str, object]:
         restore()
         with changes(trainer, candidates[name], optimizers):
             out = ppo.loss(first.clone())
-        first_loss[name] = float(sum(out[k] for k in out.keys() if k.startswith("loss_")))  # noqa: SIM118
+        terms = [out[k].detach() for k in out.keys() if k.startswith("loss_")]  # noqa: SIM118
+        first_loss[name] = float(sum(terms))
     learn_times = time_interleaved(
         {name: learn(on) for name, on in candidates.items()}, repeats=repeats, warmup=1
     )
@@ -240,6 +242,12 @@ def main() -> None:
     overrides = {"shared_critic": True} if args.quick else None
     if args.from_run is not None and len(presets) != 1:
         parser.error(f"--from-run needs exactly one preset (its run's), got {presets}")
+    known = sorted(name.replace("_", "-") for name in list_presets())
+    unknown = [p for p in presets if p.replace("_", "-") not in known]
+    if unknown:
+        parser.error(f"--presets: unknown preset(s) {unknown}; known: {known}")
+    if args.from_run is not None and not checkpoint_file(args.from_run).is_file():
+        parser.error(f"--from-run: no checkpoint at {str(checkpoint_file(args.from_run))!r}")
     results = [
         bench_preset(p, repeats=repeats, overrides=overrides, from_run=args.from_run)
         for p in presets

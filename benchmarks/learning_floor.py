@@ -28,7 +28,14 @@ import json
 import tempfile
 
 import torch
-from _common import RESULTS, at_least, first_minibatch, time_interleaved, write_json
+from _common import (
+    RESULTS,
+    at_least,
+    first_minibatch,
+    positive_float,
+    time_interleaved,
+    write_json,
+)
 from torch import nn
 
 from rppo_td.train import TrainConfig, Trainer
@@ -53,7 +60,7 @@ def newest_sb3_seconds() -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--repeats", type=at_least(1), default=None, help="default 30")
-    parser.add_argument("--sb3-seconds", type=float, default=None)
+    parser.add_argument("--sb3-seconds", type=positive_float, default=None)
     parser.add_argument("--quick", action="store_true", help="3 repeats unless given (CI)")
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
@@ -98,7 +105,7 @@ def main() -> None:
             f"sb3-contrib trained in {sb3_seconds:.1f} s: the LSTM floor alone allows at most "
             f"{allowed:.1f}x, before any collection"
         )
-    write_json(
+    path = write_json(
         args.output or ("learning_floor_quick" if args.quick else "learning_floor"),
         {
             "minibatch": [batch, length],
@@ -110,6 +117,7 @@ def main() -> None:
             "speedup_allowed_by_floor": allowed,
         },
     )
+    print("written", path)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 
 import gymnasium as gym
 import torch
-from _common import at_least, write_json
+from _common import at_least, check_seeds, positive_float, write_json
 from tensordict import TensorDict
 
 from rppo_td.modules import RecurrentActorCritic
@@ -94,15 +94,16 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default 0 1 2")
     parser.add_argument("--iterations", type=at_least(1), default=None, help="default 2000")
-    parser.add_argument("--length", type=int, default=9, help="steps from cue a to cue b")
-    parser.add_argument("--hidden-size", type=int, default=128)
-    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--length", type=at_least(1), default=9, help="steps from cue a to cue b")
+    parser.add_argument("--hidden-size", type=at_least(1), default=128)
+    parser.add_argument("--learning-rate", type=positive_float, default=1e-3)
     parser.add_argument("--threads", type=at_least(1), default=1)
     parser.add_argument(
         "--quick", action="store_true", help="one seed, 20 iterations, unless given"
     )
     parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
     args = parser.parse_args()
+    check_seeds(parser, "--seeds", args.seeds)
     if args.seeds is None:  # a flag given wins over --quick
         args.seeds = [0] if args.quick else [0, 1, 2]
     if args.iterations is None:

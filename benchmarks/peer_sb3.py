@@ -111,7 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=at_least(0), default=0)
     # one update of the default run (128 workers x 8 steps) at least
     parser.add_argument("--total-steps", type=at_least(1024), default=None, help="default 100,000")
     parser.add_argument("--episodes", type=at_least(1), default=None, help="default 20")

@@ -177,7 +177,7 @@ def main() -> int:
     )
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = write_json(
-        args.output or f"robustness-{stamp}{'_quick' if args.quick else ''}",
+        args.output or ("robustness_quick" if args.quick else f"robustness-{stamp}"),
         {
             "when_utc": stamp,
             "cpus": os.cpu_count(),

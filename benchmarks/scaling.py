@@ -87,10 +87,12 @@ def learner_ranks(workers: int, steps: int, updates: int) -> dict[int, dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=at_least(1), default=16)
-    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--steps", type=at_least(1), default=32)
     parser.add_argument("--repeats", type=at_least(1), default=9)
     parser.add_argument("--output", default="scaling")
-    parser.add_argument("--rank-updates", type=int, default=20, help="updates per torchrun run")
+    parser.add_argument(
+        "--rank-updates", type=at_least(1), default=20, help="updates per torchrun run"
+    )
     args = parser.parse_args()
     w, t = args.workers, args.steps
     with tempfile.TemporaryDirectory() as tmp:
