@@ -5,8 +5,9 @@ every finished run in a JSON file (`benchmarks/results/memory_suite.json` by def
 its settings, so the suite can be run in parts and a rerun skips what is done (`--rerun`
 repeats it: a new result replaces the recorded one, a failed one never replaces a success).
 Each run is saved as it ends; Ctrl-C stops the suite (the runs in flight are stopped and not
-recorded, the others not started; the same command goes on from there). `--report` turns the JSON into the "Memory suite" section of `docs/results.md`
-(between its markers) and the figures in `docs/assets/`:
+recorded, the others not started; the same command goes on from there). `--report` turns the
+JSON into the "Memory suite" section of `docs/results.md` (between its markers) and the
+figures in `docs/assets/`:
 
 - the task table: per task, the final deterministic evaluation (mean, spread over seeds), and
   the env steps and wall-clock at which the training return (mean of the last 20 episodes)
