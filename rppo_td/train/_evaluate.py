@@ -480,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         "[3, 4, 4], saved before the setting existed (it was then read as channels-last)",
     )
     args = parser.parse_args(argv)
+    if not args.checkpoint.strip():
+        parser.error(
+            f"--checkpoint must name a run directory or its checkpoint.pt, got {args.checkpoint!r}"
+        )
     if not 1 <= args.episodes <= MAX_EPISODES:
         parser.error(
             f"--episodes must be in [1, {MAX_EPISODES}] (one env each), got {args.episodes}"

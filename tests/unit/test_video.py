@@ -430,3 +430,8 @@ def test_an_mp4_keeps_a_fractional_rate(tmp_path):
         writer.add(np.full((16, 16, 3), 40 * i, dtype=np.uint8))
     out = writer.close()
     assert imageio_ffmpeg.count_frames_and_secs(str(out)) == (5, 2.0)
+
+
+def test_an_empty_checkpoint_path_is_refused_by_name(capsys):
+    err = _refused(capsys, "--checkpoint", "")
+    assert "--checkpoint must name a run directory or its checkpoint.pt, got ''" in err
