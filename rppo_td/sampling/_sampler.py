@@ -263,12 +263,12 @@ class SequenceSampler:
       same plan: **every rank must hold an identically seeded ``generator``** (for
       ``generator=None``, an identically seeded global generator), consumed identically. With
       ``rank``/``world_size`` read from the default group each epoch checks it (one
-      all-gather of four numbers) and every rank refuses ranks that hold different rollouts or
-      drew different plans; given explicitly (a subgroup) nothing is checked. With the
-      interleaved assignment, the ranks' ``k``-th minibatches together are one contiguous
-      stretch of the shuffled order: the ``k``-th minibatch a single process draws from the
-      same generator (exactly so while ``S / (M * world_size)`` exceeds the
-      longest sequence, when no cut is adjusted).
+      all-gather of five numbers) and every rank refuses ranks built with different
+      ``num_minibatches``, holding different rollouts or drawing different plans; given
+      explicitly (a subgroup) nothing is checked. With the interleaved assignment, the
+      ranks' ``k``-th minibatches together are one contiguous stretch of the shuffled order:
+      the ``k``-th minibatch a single process draws from the same generator (exactly so while
+      ``S / (M * world_size)`` exceeds the longest sequence, when no cut is adjusted).
     - *Each rank its own rollout* (DDP with its own envs per rank): pass ``rank=0,
       world_size=1``, so each rank shuffles and splits all of its own data. Every rank yields
       ``num_minibatches`` minibatches, so the counts agree whatever each rank's data holds;
@@ -538,9 +538,9 @@ def _check_shared_plan(
     Sharding with ``rank``/``world_size`` read from the default group assumes one rollout
     shared by all ranks, identically seeded generators: a rank that passed its own rollout
     so trained on a ``world_size``-th of it, and ranks with other seeds skipped some
-    sequences and took others twice, all in silence. One all-gather of four numbers per
-    epoch (the sequences, their real steps, a fingerprint of the data and one of the plan)
-    compares them; every rank gets the same answer, so all raise together.
+    sequences and took others twice, all in silence. One all-gather of five numbers per
+    epoch (the plan's minibatch count, the sequences, their real steps, a fingerprint of the
+    data and one of the plan) compares them; every rank gets the same answer, so all raise together.
     """
     order = torch.cat(groups)
     weights = torch.arange(order.numel(), device=order.device) % 1021 + 1
@@ -548,7 +548,8 @@ def _check_shared_plan(
     counts = torch.arange(1, sizes.numel() + 1, device=order.device)
     plan = ((order + 1) * weights).sum() + (sizes * counts).sum()
     key, fingerprint = _fingerprint(td)
-    mine = [lengths.numel(), int(lengths.sum()), fingerprint, int(plan)]
+    # the plan's groups (num_minibatches * world_size) first: another count is no other seed
+    mine = [len(groups), lengths.numel(), int(lengths.sum()), fingerprint, int(plan)]
     every = gather_ints(mine, timeout_s)
     if every is None:
         raise ValueError(
@@ -561,14 +562,21 @@ def _check_shared_plan(
         )
     if all(values == mine for values in every):
         return
-    sequences = sorted({values[0] for values in every})
-    steps = sorted({values[1] for values in every})
-    if len(sequences) > 1 or len(steps) > 1:
+    minibatches = sorted({values[0] // len(every) for values in every})
+    sequences = sorted({values[1] for values in every})
+    steps = sorted({values[2] for values in every})
+    if len(minibatches) > 1:
+        what = (
+            f"were built with different num_minibatches ({', '.join(map(str, minibatches))} over "
+            f"the {len(every)} ranks; every rank must yield as many minibatches, or DDP's "
+            "gradient all-reduce hangs)"
+        )
+    elif len(sequences) > 1 or len(steps) > 1:
         what = (
             f"hold different rollouts (sequences {sequences[0]} to {sequences[-1]}, real "
             f"steps {steps[0]} to {steps[-1]} over the {len(every)} ranks)"
         )
-    elif len({values[2] for values in every}) > 1:
+    elif len({values[3] for values in every}) > 1:
         what = (
             f"hold different rollouts (the same sequences, but other values of {key}; a leaf "
             "each rank computes itself may differ in its last bits: where the rollout is "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -110,6 +111,17 @@ def _main(argv: list[str] | None) -> int:
         return 1 if isinstance(err, EnvError) and not built else 2
     except OSError as err:  # a full disk, say, while reading or writing the run's files
         _error(f"cannot read or write the run's files: {err}")
+        return 1
+    except RuntimeError as err:
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not _peer_lost(err):
+            raise
+        # another rank failed to start (its env could not be built, say) and this one's
+        # first collective broke off: that rank's own message says why
+        _error(
+            f"rank {os.environ.get('RANK', '?')} lost the other ranks while starting "
+            f"({first_line(err, limit=200)}): another rank stopped, and its own message says "
+            "why; nothing trained"
+        )
         return 1
     try:
         summary = trainer.run()

@@ -195,11 +195,18 @@ class Trainer:
         created = None
         try:
             self.device = start_group(self.ranks, _check_device(config.device))
-            differ = settings_differences(config.to_dict(), self.ranks)
+            # where each rank starts: a rank resumed beside one started afresh trained its
+            # own schedule into the others' gradients, then hung at the end
+            start = None if checkpoint is None else int(checkpoint["counters"]["update"])
+            differ = settings_differences(
+                {**config.to_dict(), "resumed_from_update": start}, self.ranks
+            )
             if differ is not None:  # every rank refuses, before anything is written
                 raise RanksRefused(
                     f"the ranks were started with different settings: {differ}; start every "
-                    "rank with the same settings (flags, preset and config file)"
+                    "rank with the same settings (flags, preset and config file; --resume of "
+                    "the same run on every rank or on none: resumed_from_update None is a "
+                    "fresh run)"
                 )
             self.directory = config.output_dir()
             created = None if self.directory.exists() else self.directory

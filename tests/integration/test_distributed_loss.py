@@ -120,6 +120,10 @@ def _refusals(net: RecurrentActorCritic, rank: int) -> dict[str, str]:
         "other seeds, sharded": lambda: list(
             SequenceSampler(MINIBATCHES, generator=seeded(rank))(_data(net, 0, 13))
         ),
+        # one rollout, one seed, another minibatch count: blamed on the seeds before
+        "other num_minibatches, sharded": lambda: list(
+            SequenceSampler(MINIBATCHES + rank, generator=seeded(7))(_data(net, 0, 13))
+        ),
         # other loss options: other collectives per call, a gloo "collective mismatch"
         "other loss options": lambda: RecurrentPPOLoss(
             RecurrentActor(net),
@@ -251,6 +255,10 @@ def test_misuses_across_ranks_are_refused_on_every_rank(ranks):
         assert "ranks hold different rollouts (sequences 9 to 9" in errors["own rollouts, sharded"]
         assert "pass rank=0, world_size=1" in errors["own rollouts, sharded"]
         assert "drew different plans of the same rollout" in errors["other seeds, sharded"]
+        assert (
+            f"were built with different num_minibatches ({MINIBATCHES}, {MINIBATCHES + 1} over "
+            "the 2 ranks" in errors["other num_minibatches, sharded"]
+        ), errors
         assert (
             "the same sequences, but other values of action_log_prob"
             in (errors["own values, sharded"])

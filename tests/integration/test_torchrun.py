@@ -258,3 +258,69 @@ def test_two_ranks_log_every_ranks_schedule_episodes_and_novelty(tmp_path):
         assert float(row["novel_fraction"]) == pytest.approx(0.5)
         # a single process stepping the 4 envs logs 3-step episodes beside the 1-step ones
         assert 1.0 < float(row["episode_length_mean"]) < 3.0
+
+
+PER_RANK = (
+    "import os, sys\n"
+    "from rppo_td.train import cli\n"
+    "mine = sys.argv[1:] if os.environ['RANK'] == '0' else os.environ['RANK1_ARGS'].split()\n"
+    "sys.argv = ['rppo-train', *mine]\n"
+    "cli()\n"
+)
+
+
+def _per_rank(tmp_path, rank0: list[str], rank1: list[str]) -> subprocess.CompletedProcess[str]:
+    """Two ranks started with their own flags (rank 1's through RANK1_ARGS)."""
+    script = tmp_path / "per_rank.py"
+    script.write_text(PER_RANK)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "OMP_NUM_THREADS": "1"}
+    env["RANK1_ARGS"] = " ".join(rank1)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", str(script), *rank0]
+    return subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
+
+
+def test_a_rank_resumed_beside_a_fresh_one_is_refused_on_both(run, tmp_path):
+    # rank 0 resumed the run while rank 1 started afresh: rank 1 trained its own schedule
+    # into the group's gradients, then both hung
+    before = (run / "metrics.csv").read_text()
+    fresh = ["--preset", "smoke", "--total-steps", "1024", "--target-kl", "1e-6"]
+    done = _per_rank(tmp_path, ["--resume", str(run)], [*fresh, "--output", str(tmp_path / "new")])
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
+    assert errors and all(
+        "resumed_from_update=None on rank 1 but 4 on rank 0" in e for e in errors
+    ), done.stderr[-3000:]
+    assert (run / "metrics.csv").read_text() == before
+    assert not (tmp_path / "new").exists()
+
+
+FAILS_ON_RANK_1 = """
+import os
+import gymnasium as gym
+
+class OnRank1(gym.Env):
+    def __init__(self):
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("cannot build on rank 1")
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+        self.action_space = gym.spaces.Discrete(2)
+
+gym.register("OnRank1-v0", entry_point=OnRank1, max_episode_steps=10)
+"""
+
+
+def test_an_env_failing_to_build_on_one_rank_is_one_line_on_every_rank(tmp_path):
+    (tmp_path / "rank_env.py").write_text(FAILS_ON_RANK_1)
+    args = ["--preset", "smoke", "--env", "rank_env:OnRank1-v0", "--output", str(tmp_path / "r")]
+    done = _per_rank(tmp_path, args, args)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
+    assert any("cannot build on rank 1" in e for e in errors), done.stderr[-3000:]
+    # rank 0's first collective broke off: one line, no traceback (torchrun's own
+    # ChildFailedError report follows)
+    assert any(e.startswith("rppo-train: error: rank 0 lost the other ranks") for e in errors)
+    assert "[rank0]:" not in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()
