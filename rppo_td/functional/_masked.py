@@ -7,13 +7,15 @@ import numbers
 
 import torch
 
-from rppo_td._validation import check_tensors
+from rppo_td._validation import check_floating, check_tensors
 
 __all__ = ["masked_mean", "masked_normalize"]
 
 
 def _expand_mask(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     check_tensors({"x": x, "mask": mask})
+    # an integer mean would be rounded (1.5 -> 1), an integer normalisation all zeros
+    check_floating("x", x)
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must have dtype torch.bool, got {mask.dtype}")
     if mask.device != x.device:

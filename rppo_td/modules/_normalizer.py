@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import NestedKey, TensorDictBase
 from torch import nn
 
+from rppo_td._validation import MissingKeyError
 from rppo_td.modules._spaces import ObservationLeaf, is_image
 
 __all__ = ["ObservationNormalizer"]
@@ -108,17 +109,42 @@ class ObservationNormalizer(nn.Module):
             out.set(key, (x * getattr(self, f"scale_{i}")).clamp_(-self.clip, self.clip))
         return out
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # a dtype cast of the agent (net.half(), net.float(), net.to(torch.float32)) would
+        # cast the float64 statistics too: half's count overflows to inf and the variances
+        # turn NaN at the next update, float32 counts are inexact past 2**24. They keep
+        # float64 and follow the module's device only (MPS, without float64, takes float32).
+        kept = {name: self._buffers[name] for name in self._statistics()}
+        out = super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if before is not None and after is not None and after.dtype != before.dtype:
+                dtype = torch.float32 if after.device.type == "mps" else before.dtype
+                self._buffers[name] = before.to(device=after.device, dtype=dtype)
+        return out
+
+    def _statistics(self) -> list[str]:
+        """The names of the float64 running statistics (buffers saved with the model)."""
+        means = [f"mean_{i}" for i in range(len(self.keys))]
+        return [*means, *(f"var_{i}" for i in range(len(self.keys))), "count"]
+
     @torch.no_grad()
     def update(self, obs: TensorDictBase) -> None:
-        """Merges the statistics of ``obs`` (any batch) into the running ones (Chan et al.)."""
+        """Merges the statistics of ``obs`` (any batch) into the running ones (Chan et al.).
+
+        Raises:
+            ValueError: a leaf missing, of another trailing shape than its space's, or holding
+                a NaN or an infinity (it would stay in the running statistics for good),
+                naming the key; nothing is merged then.
+        """
         if not self.keys:
             return
-        first = self.keys[0]
-        if obs.get(first).numel() == 0:
+        leaves = [self._checked_leaf(obs, key) for key in self.keys]
+        if leaves[0].numel() == 0:
             return  # no observation: nothing to merge (the mean of none is NaN)
         n = 0
-        for i, key in enumerate(self.keys):
-            x = obs.get(key).reshape(-1, *self.shapes[key]).to(torch.float64)
+        for i, (key, leaf) in enumerate(zip(self.keys, leaves, strict=True)):
+            x = leaf.reshape(-1, *self.shapes[key]).to(torch.float64)
             n = x.shape[0]
             mean, var = getattr(self, f"mean_{i}"), getattr(self, f"var_{i}")
             batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
@@ -130,6 +156,28 @@ class ObservationNormalizer(nn.Module):
             var.copy_(m2 / total)
         self.count += n
         self._refresh()
+
+    def _checked_leaf(self, obs: TensorDictBase, key: NestedKey) -> torch.Tensor:
+        """``obs[key]``, refused by name where ``update`` would merge it wrongly."""
+        x = obs.get(key, None)
+        if x is None:
+            raise MissingKeyError(
+                f"ObservationNormalizer.update needs the observation {key!r}, which the "
+                f"tensordict lacks (it holds {sorted(map(str, obs.keys(True, True)))[:8]})"
+            )
+        shape = self.shapes[key]
+        if tuple(x.shape[x.ndim - len(shape) :]) != shape or x.ndim < len(shape):
+            raise ValueError(
+                f"ObservationNormalizer.update: observation {key!r} must have the space's "
+                f"shape {list(shape)} after its batch dims, got {list(x.shape)}"
+            )
+        if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise ValueError(
+                f"ObservationNormalizer.update: observation {key!r} holds a NaN or an "
+                "infinity, which would stay in the running statistics for good; nothing was "
+                "merged"
+            )
+        return x
 
 
 def _refresh_after_load(module: ObservationNormalizer, incompatible_keys: object) -> None:

@@ -44,7 +44,13 @@ class SequenceReplaySampler(Sampler):
     with the data, and the storage raises its own ``RuntimeError`` (before this sampler runs)
     when it changes. Emptying the buffer also drops the rest of the current epoch.
     ``ReplayBuffer(prefetch=k)`` is supported: the sampler tells the buffer how many groups
-    of the epoch are left, so the groups sampled ahead never run into the next epoch.
+    of the epoch are left, so the groups sampled ahead never run into the next epoch. With
+    prefetch, end each epoch as TorchRL's iterator does (``for mb in rb``, which also drains
+    the queue of groups drawn ahead), not on ``ran_out`` in a ``sample()`` loop: ``ran_out``
+    turns True when the last group is *drawn*, which with prefetch is before it is served.
+    Nor do a write to the buffer or ``ran_out = False`` drop the groups already drawn ahead
+    (the sampler cannot reach the buffer's queue): with prefetch, finish the epoch's loop
+    before either, or the next epoch starts with the old plan's groups.
 
     Args:
         num_minibatches: ``M >= 1`` groups per epoch.

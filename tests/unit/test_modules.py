@@ -729,6 +729,49 @@ def test_an_empty_normaliser_update_changes_nothing():
     assert torch.isfinite(norm(batch)["observation"]).all()
 
 
+def test_dtype_casts_leave_the_normaliser_statistics_in_float64():
+    # net.half() then net.float() cast the float64 statistics: the count overflowed to inf
+    # and the variances turned NaN at the next update
+    net = RecurrentActorCritic(
+        BOX, gym.spaces.Discrete(2), hidden_size=4, normalize_observations=True
+    )
+    norm = net.normalizer
+    assert norm is not None
+    for _ in range(3):
+        norm.update(TensorDict({"observation": 5 + 3 * torch.randn(40_000, 3)}, [40_000]))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    net.half()
+    net.float()
+    net.to(torch.float32)
+    for key, value in norm.state_dict().items():
+        assert value.dtype == torch.float64, key
+        assert torch.equal(value, before[key]), key
+    norm.update(TensorDict({"observation": 5 + 3 * torch.randn(64, 3)}, [64]))
+    assert norm.count.item() == 120_064
+    assert torch.isfinite(torch.stack([norm.var_0, norm.mean_0])).all()
+
+
+def test_a_normaliser_update_refuses_what_it_would_merge_wrongly():
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    norm = ObservationNormalizer(observation_leaves(BOX))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    nan = torch.zeros(8, 3)
+    nan[2, 1] = float("nan")
+    for obs, message in (
+        (TensorDict({"observation": nan}, [8]), "'observation' holds a NaN or an infinity"),
+        (
+            TensorDict({"observation": torch.zeros(4, 2)}, [4]),
+            r"'observation' must have the space's shape \[3\] after its batch dims, got \[4, 2\]",
+        ),
+        (TensorDict({"other": torch.zeros(4, 3)}, [4]), "needs the observation 'observation'"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            norm.update(obs)
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
 def test_a_reset_zeroes_even_a_nan_stored_state():
     net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
     td = TensorDict(

@@ -89,3 +89,12 @@ def test_one_number_and_its_mask():
     # a 0-dim x and mask: a TypeError from view() inside the function
     assert masked_mean(torch.tensor(3.0), torch.tensor(True)).item() == 3.0
     assert masked_normalize(torch.tensor(3.0), torch.tensor(True)).item() == 0.0
+
+
+@pytest.mark.parametrize("fn", [masked_mean, masked_normalize])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_non_float_x_is_refused_not_rounded(fn, dtype):
+    # masked_mean of [1, 2] gave 1 and masked_normalize all zeros for int64
+    x = torch.tensor([[1, 2, 0]]).to(dtype)
+    with pytest.raises(ValueError, match=rf"'x' must be a floating-point tensor, got {dtype}"):
+        fn(x, torch.tensor([[True, True, False]]))
