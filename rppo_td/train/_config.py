@@ -230,7 +230,12 @@ class TrainConfig:
         high=1.0,
     )
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
-    clip_epsilon: float = _doc("PPO ratio clip", default=0.2, low=0.0, high=0.99)
+    clip_epsilon: float = _doc(
+        "PPO ratio clip (annealed, it stops at 0.001, the smallest the loss takes)",
+        default=0.2,
+        low=1e-3,
+        high=0.99,
+    )
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
     anneal_steps: int = _doc(
         "env steps (all ranks together, as total_steps) over which anneal_lr and "

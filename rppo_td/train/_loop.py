@@ -501,6 +501,7 @@ class Trainer:
         )
         lr = c.learning_rate * (remaining if c.anneal_lr else 1.0)
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
+        # the loss takes a clip in (0, 1): an annealed one stops at the smallest setting
         return lr, max(clip, 1e-3)
 
     def _novelty_coef(self, update: int) -> float:

@@ -195,12 +195,13 @@ class PPOUpdate:
         if self.skipped:
             log.warning(
                 "%d of %d gradient steps of this update were skipped: the loss or its gradient "
-                "was not finite (inf or NaN; loss_total %s, grad_norm %s); the parameters "
-                "were left as they were",
+                "was not finite (inf or NaN; loss_total %s, grad_norm %s); those steps left "
+                "the parameters as they were%s",
                 self.skipped,
                 count,
                 f"{float(totals['loss_total']) / count:g}",
                 f"{float(totals['grad_norm']) / count:g}",
+                "" if self.skipped == count else " (the other steps were taken)",
             )
         means = {name: float(value) / count for name, value in totals.items()}
         means["epochs"] = epochs

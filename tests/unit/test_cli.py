@@ -100,6 +100,8 @@ def test_config_file_then_flags(tmp_path):
         (["--gamma", "nan"], "--gamma must be a finite number in [0.0, 1.0], got nan"),
         # a clip at 0 scaled every gradient to zero: nothing learned, without a word
         (["--max-grad-norm", "0"], "--max-grad-norm must be a finite number in [1e-09,"),
+        # the loss takes a clip in (0, 1): below 0.001 the schedule raised it in silence
+        (["--clip-epsilon", "0.0005"], "--clip-epsilon must be a finite number in [0.001, 0.99]"),
         (["--learning-rate", "inf"], "--learning-rate must be a finite number"),
         (
             [
