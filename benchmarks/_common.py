@@ -387,10 +387,15 @@ def write_json(name: str, payload: dict[str, object]) -> Path:
     candidates += (RESULTS / f"{name}-{stamp}-{i}.json" for i in range(2, 1000))
     for path in candidates:
         try:
-            with path.open("x") as f:
-                f.write(text)
+            f = path.open("x")
         except FileExistsError:
             continue
+        try:
+            with f:
+                f.write(text)
+        except BaseException:
+            path.unlink(missing_ok=True)  # no half file under a name the docs may cite
+            raise
         return path
     raise FileExistsError(f"write_json: no free name for {name!r} under {RESULTS}")
 

@@ -679,16 +679,23 @@ def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
                 suite.runs[run.key] = result
                 suite.save()
                 print(f"[{i}/{len(todo)}] {run.key}: {_line(result)}", flush=True)
-    except KeyboardInterrupt:
+    except BaseException as err:
+        # interrupted, or a run's results unreadable: no run keeps going behind our back
         pool.shutdown(wait=False, cancel_futures=True)
         with _CHILDREN_LOCK:
             for child in _CHILDREN:
                 child.terminate()
         pool.shutdown(wait=True)
+        if not isinstance(err, KeyboardInterrupt):
+            raise
+        recorded = (
+            f"the runs recorded so far are in {suite.path}"
+            if suite.path.exists()
+            else "no run was recorded"
+        )
         print(
-            f"\ninterrupted: the runs recorded so far are in {suite.path}; the runs in flight "
-            "were stopped and not recorded, the others not started (the same command goes on "
-            "from here)",
+            f"\ninterrupted: {recorded}; the runs in flight were stopped and not recorded, the "
+            "others not started (the same command goes on from here)",
             file=sys.stderr,
             flush=True,
         )

@@ -166,7 +166,7 @@ class ObservationNormalizer(nn.Module):
                 f"tensordict lacks (it holds {sorted(map(str, obs.keys(True, True)))[:8]})"
             )
         shape = self.shapes[key]
-        if tuple(x.shape[x.ndim - len(shape) :]) != shape or x.ndim < len(shape):
+        if not _ends_with(tuple(x.shape), shape):
             raise ValueError(
                 f"ObservationNormalizer.update: observation {key!r} must have the space's "
                 f"shape {list(shape)} after its batch dims, got {list(x.shape)}"
@@ -178,6 +178,19 @@ class ObservationNormalizer(nn.Module):
                 "merged"
             )
         return x
+
+
+def _ends_with(given: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether ``given`` ends with ``shape``, or with it less its trailing 1s.
+
+    ``[B]`` for a ``(1,)`` space, as the forward pass takes it.
+    """
+    while True:
+        if len(given) >= len(shape) and given[len(given) - len(shape) :] == shape:
+            return True
+        if not shape or shape[-1] != 1:
+            return False
+        shape = shape[:-1]
 
 
 def _refresh_after_load(module: ObservationNormalizer, incompatible_keys: object) -> None:

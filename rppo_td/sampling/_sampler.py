@@ -244,13 +244,12 @@ class SequenceSampler:
     **When the input is read.** The call reads the ids and lengths and plans the epoch (its
     checks raise there); the data is read as the minibatches are asked for: all of it at the
     first one when the epoch is gathered at once, minibatch by minibatch otherwise. So
-    changes to the input made before the first minibatch is asked for are seen either way.
-    A rollout leaf written in place during an epoch gathered minibatch by minibatch is refused
-    by name when the next minibatch is asked for (its minibatches would mix old and new
-    values; writes through ``.data`` or a NumPy view are not seen); an epoch gathered at once
-    has read the rollout at its first minibatch. (A padder output's leaves not read yet are
-    the rollout's values at padding time: a rollout leaf written in place since is refused by
-    name, see ``SequencePadder``.)
+    changes to the input made before the first minibatch is asked for are seen either way;
+    change it during an epoch and which minibatches see the change depends on the mode (an
+    epoch gathered at once has read it all at its first minibatch; one gathered minibatch by
+    minibatch reads each minibatch's sequences when it is asked for). (A padder output's
+    leaves not read yet are the rollout's values at padding time: a rollout leaf written in
+    place since is refused by name, see ``SequencePadder``.)
 
     **Across ranks** (``torch.distributed``; see the sharding page of the docs). Two uses:
 
@@ -453,10 +452,7 @@ class SequenceSampler:
         # still holds while it asks for the next one is never written
         buffers: list[_Buffer | None] = [None, None]
         rows = max(index.numel() for index in groups)
-        versions = _Versions(td)
         for i, index in enumerate(groups):
-            if i:
-                versions.check()
             out = None
             if self.reuse_memory:
                 buffer = buffers[i % 2]
@@ -496,34 +492,6 @@ class _Buffer:
             storage_uses(value) != self.uses[key] or value.is_shared()
             for key, value in self.leaves.items()
         )
-
-
-class _Versions:
-    """The rollout's leaves' version counters when the epoch's first minibatch is gathered.
-
-    Minibatches gathered one by one read the rollout as they are asked for: a leaf written
-    in place during the epoch would reach only the later ones. ``check`` refuses it by key.
-    """
-
-    def __init__(self, td: TensorDictBase) -> None:
-        self.leaves = [
-            (key, value, value._version)
-            for key, value in td.items(include_nested=True, leaves_only=True)
-            if type(value) is torch.Tensor and not value.is_inference()
-        ]
-
-    def check(self) -> None:
-        """Raises a ``ValueError`` naming a leaf written in place since the first minibatch."""
-        for key, value, version in self.leaves:
-            if value._version != version:
-                raise ValueError(
-                    f"SequenceSampler gathers each minibatch from the rollout when it is asked "
-                    f"for, and the rollout's {key!r} was modified in place during the epoch "
-                    f"(version {version} at its first minibatch, now {value._version}): its "
-                    "minibatches would mix old and new values. Change the rollout before the "
-                    "epoch's first minibatch is asked for or after its last, or write to a "
-                    "clone of it"
-                )
 
 
 def _check_shared_plan(

@@ -19,6 +19,9 @@ from rppo_td.envs import CARTPOLE_NOVEL_ID
 
 __all__ = ["RENAMED", "RUNTIME_FIELDS", "TrainConfig", "renamed_settings"]
 
+# the smallest PPO clip an update uses: RecurrentPPOLoss takes a clip in (0, 1)
+CLIP_FLOOR = 1e-3
+
 log = logging.getLogger(__name__)
 
 # fields that may differ between a checkpoint and the run resuming it
@@ -231,9 +234,10 @@ class TrainConfig:
     )
     anneal_lr: bool = _doc("decay the learning rate linearly to 0", default=True)
     clip_epsilon: float = _doc(
-        "PPO ratio clip (annealed, it stops at 0.001, the smallest the loss takes)",
+        "PPO ratio clip; the update uses at least 0.001, the smallest the loss takes (a "
+        "smaller value, and an annealed clip, stop there)",
         default=0.2,
-        low=1e-3,
+        low=0.0,
         high=0.99,
     )
     anneal_clip: bool = _doc("decay the clip range linearly to 0", default=True)
@@ -497,6 +501,12 @@ class TrainConfig:
                 "anneal_steps",
                 not self.anneal_lr and not self.anneal_clip,
                 "sets the horizon of the annealing, which is off (anneal_lr and anneal_clip False)",
+            ),
+            (
+                "clip_epsilon",
+                self.clip_epsilon < CLIP_FLOOR,
+                f"is below {CLIP_FLOOR}, the smallest clip the loss takes: the update uses "
+                f"{CLIP_FLOOR}",
             ),
             (
                 "advantage_eps",

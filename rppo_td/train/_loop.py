@@ -35,7 +35,7 @@ from rppo_td.train._checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rppo_td.train._config import TrainConfig
+from rppo_td.train._config import CLIP_FLOOR, TrainConfig
 from rppo_td.train._distributed import (
     Ranks,
     RanksRefused,
@@ -501,8 +501,8 @@ class Trainer:
         )
         lr = c.learning_rate * (remaining if c.anneal_lr else 1.0)
         clip = c.clip_epsilon * (remaining if c.anneal_clip else 1.0)
-        # the loss takes a clip in (0, 1): an annealed one stops at the smallest setting
-        return lr, max(clip, 1e-3)
+        # the loss takes a clip in (0, 1): a smaller or annealed one stops at the floor
+        return lr, max(clip, CLIP_FLOOR)
 
     def _novelty_coef(self, update: int) -> float:
         """``novelty_bonus``, falling linearly to 0 over ``novelty_steps`` (or the run)."""

@@ -770,6 +770,10 @@ def test_a_normaliser_update_refuses_what_it_would_merge_wrongly():
             norm.update(obs)
     for key, value in norm.state_dict().items():
         assert torch.equal(value, before[key]), key
+    # a (1,) space's leaf given as [B], as the forward pass takes it, is merged
+    one = ObservationNormalizer(observation_leaves(gym.spaces.Box(-1.0, 1.0, (1,))))
+    one.update(TensorDict({"observation": torch.tensor([1.0, 3.0])}, [2]))
+    assert one.count.item() == 2 and one.mean_0.tolist() == [2.0]
 
 
 def test_a_reset_zeroes_even_a_nan_stored_state():

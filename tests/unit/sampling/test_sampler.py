@@ -366,26 +366,3 @@ def test_empty_levels_and_tensorclasses_keep_their_place_and_type(padded, gather
         mask = minibatch["loss_mask"]
         at = (minibatch["worker_index"] * steps + minibatch["time_index"])[mask]
         assert torch.equal(minibatch["reading"].value[mask], reading.flatten(0, 1)[at])
-
-
-@pytest.mark.parametrize("reuse_memory", [False, True])
-def test_a_rollout_written_during_an_epoch_gathered_one_by_one_is_refused(reuse_memory):
-    td = _chunked()
-    sampler = SequenceSampler(
-        3,
-        generator=torch.Generator().manual_seed(0),
-        reuse_memory=reuse_memory,
-        gather_epoch=False,
-    )
-    epoch = iter(sampler(td))
-    next(epoch)
-    td["observation"].mul_(0)  # the later minibatches would see zeros, the first did not
-    with pytest.raises(ValueError, match=r"the rollout's 'observation' was modified in place"):
-        next(epoch)
-    # between epochs it is the caller's to change
-    assert all((mb["observation"] == 0).all() for mb in sampler(td))
-    # an epoch gathered at once read the whole rollout at its first minibatch
-    whole = iter(SequenceSampler(3, gather_epoch=True)(td))
-    next(whole)
-    td["observation"].add_(1)
-    assert all((mb["observation"][mb["loss_mask"]] == 0).all() for mb in whole)
