@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, unravel_key
 from tensordict.nn import TensorDictModuleBase
 
 from rppo_td._keys import RolloutKeys, as_path
@@ -69,8 +69,11 @@ class GAE(RolloutTransform):
         keys: key overrides (also ``set_keys(...)`` after construction).
 
     ``in_keys`` are ``reward``, ``state_value``, ``next_state_value``, ``terminated``,
-    ``done`` and ``truncated`` (``done`` or ``truncated`` may be missing, not both);
-    ``out_keys`` are ``advantage`` and ``value_target``.
+    ``done``, ``truncated`` (``done`` or ``truncated`` may be missing, not both) and
+    ``is_init`` (optional: a start it marks without a ``done`` before it cuts there too);
+    ``out_keys`` are ``advantage`` and ``value_target``. With a ``value_network``, the
+    network's ``in_keys`` (of the rollout and of ``"next"``) are ``in_keys`` too, and
+    ``state_value`` and ``next_state_value``, which it may write, are ``out_keys``.
 
     Example:
         >>> import torch
@@ -87,7 +90,15 @@ class GAE(RolloutTransform):
         (torch.Size([2, 4, 1]), tensor([1.8750, 1.7500, 1.5000, 1.0000]))
     """
 
-    _in_fields = ("reward", "state_value", "next_state_value", "terminated", "done", "truncated")
+    _in_fields = (
+        "reward",
+        "state_value",
+        "next_state_value",
+        "terminated",
+        "done",
+        "truncated",
+        "is_init",
+    )
     _out_fields = ("advantage", "value_target")
 
     def __init__(
@@ -105,6 +116,19 @@ class GAE(RolloutTransform):
         self.gamma = float(gamma)
         self.lmbda = float(lmbda)
         self.value_network = value_network
+        self._follow(self.keys)  # the network's keys listed too
+
+    def _follow(self, keys: RolloutKeys) -> None:
+        super()._follow(keys)
+        network = getattr(self, "value_network", None)
+        if network is None:
+            return
+        # what the network reads, of the rollout and of "next"; the values it may write
+        read = [unravel_key(key) for key in getattr(network, "in_keys", [])]
+        read += [unravel_key(("next", key)) for key in read]
+        in_keys = list(dict.fromkeys([*self.in_keys, *read]))
+        out_keys = [*self.out_keys, keys.state_value, keys.next_state_value]
+        self._list_keys(in_keys, out_keys)
 
     def _repr_args(self) -> str:
         return f"gamma={self.gamma}, lmbda={self.lmbda}"

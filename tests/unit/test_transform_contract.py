@@ -277,7 +277,16 @@ def test_full_pipeline_as_replay_buffer_transform():
 # --- in_keys / out_keys and set_keys ------------------------------------------------------
 # What each transform reads (optional keys included) and writes, as RolloutKeys fields.
 READS = {
-    "GAE": ["reward", "state_value", "next_state_value", "terminated", "done", "truncated"],
+    # is_init too: a start it marks without a done before it cuts GAE there
+    "GAE": [
+        "reward",
+        "state_value",
+        "next_state_value",
+        "terminated",
+        "done",
+        "truncated",
+        "is_init",
+    ],
     "EpisodeSplitter": ["done", "is_init", "terminated", "truncated"],
     "SequenceChunker": ["episode_id"],
     "SequencePadder": ["sequence_id", "sequence_offset"],
@@ -383,3 +392,18 @@ def test_device_mover_set_keys_is_refused():
     assert mover.set_keys() is mover
     with pytest.raises(ValueError, match=r"DeviceMover has no named keys: it moves \['action'\]"):
         mover.set_keys(reward="r")
+
+
+def test_gae_with_a_value_network_lists_what_the_network_reads_and_the_values_it_writes():
+    # it read observation and ("next", "observation") and wrote both values unlisted: a
+    # rollout.select(*gae.in_keys) then lost the network's inputs
+    from tensordict.nn import TensorDictModule
+
+    from rppo_td import GAE
+
+    critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+    gae = GAE(gamma=0.9, lmbda=0.9, value_network=critic)
+    assert gae.in_keys[-2:] == ["observation", ("next", "observation")]
+    assert gae.out_keys == ["advantage", "value_target", "state_value", ("next", "state_value")]
+    renamed = gae.set_keys(state_value="v", next_state_value=("next", "v"))
+    assert renamed.out_keys == ["advantage", "value_target", "v", ("next", "v")]
