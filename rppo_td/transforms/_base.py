@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from tensordict import NestedKey, TensorDictBase, is_tensorclass
+from tensordict import NestedKey, TensorDictBase, is_tensor_collection, is_tensorclass
 from tensordict.utils import unravel_key
 from torchrl.envs.transforms import Transform
 
@@ -156,6 +156,16 @@ class RolloutTransform(Transform):
         (run again, it is replaced); anything else is the rollout's own data under a key that
         ``keys`` pointed at by mistake (``RolloutKeys(episode_id="observation")``).
         """
+        path = key if isinstance(key, tuple) else (key,)
+        for depth in range(1, len(path)):  # a key nested under a tensor cannot be written
+            above = tensordict.get(path[:depth], None)
+            if above is not None and not is_tensor_collection(above):
+                raise ValueError(
+                    f"{type(self).__name__} writes {key!r}, but the rollout's "
+                    f"{path[:depth] if depth > 1 else path[0]!r} is a tensor, not a "
+                    "tensordict, so nothing can be nested under it. Give the output another "
+                    "key (RolloutKeys, set_keys)"
+                )
         old = tensordict.get(key, None)
         if old is None:
             return

@@ -683,3 +683,25 @@ def test_a_lazy_stack_of_workers_with_leaves_of_other_shapes_is_refused_by_key(n
             SequencePadder()(td)
         else:
             list(SequenceSampler(2)(td))
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: GAE(gamma=0.9, lmbda=0.9).set_keys(value_target=("observation", "vt")), "vt"),
+        (lambda: EpisodeSplitter().set_keys(episode_id=("observation", "ep")), "ep"),
+    ],
+)
+def test_an_output_key_nested_under_a_tensor_is_refused_by_name(make, field):
+    # tensordict's own error named neither the transform nor the key
+    td = small_rollout()
+    transform = make()
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"{type(transform).__name__} writes ('observation', '{field}'), but the rollout's "
+            "'observation' is a tensor, not a tensordict"
+        ),
+    ):
+        transform(td)
+    assert td.get("advantage", None) is None  # nothing half-written
