@@ -658,9 +658,10 @@ def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
     todo = [run for run in runs if rerun or identity(run.as_result()) not in done]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already in {suite.path.name}", flush=True)
     failures = 0
-    pool = ThreadPoolExecutor(jobs)
-    try:
-        with tempfile.TemporaryDirectory(prefix="memory_suite_") as tmp:
+    # the runs' directory is removed only after every run has stopped (an interrupt too)
+    with tempfile.TemporaryDirectory(prefix="memory_suite_") as tmp:
+        pool = ThreadPoolExecutor(jobs)
+        try:
             futures = {pool.submit(run_one, run, Path(tmp)): run for run in todo}
             for i, future in enumerate(as_completed(futures), 1):
                 run = futures[future]
@@ -679,28 +680,28 @@ def run_all(runs: list[Run], suite: Suite, jobs: int, rerun: bool) -> int:
                 suite.runs[run.key] = result
                 suite.save()
                 print(f"[{i}/{len(todo)}] {run.key}: {_line(result)}", flush=True)
-    except BaseException as err:
-        # interrupted, or a run's results unreadable: no run keeps going behind our back
-        pool.shutdown(wait=False, cancel_futures=True)
-        with _CHILDREN_LOCK:
-            for child in _CHILDREN:
-                child.terminate()
+        except BaseException as err:
+            # interrupted, or a run's results unreadable: no run keeps going behind our back
+            pool.shutdown(wait=False, cancel_futures=True)
+            with _CHILDREN_LOCK:
+                for child in _CHILDREN:
+                    child.terminate()
+            pool.shutdown(wait=True)
+            if not isinstance(err, KeyboardInterrupt):
+                raise
+            recorded = (
+                f"the runs recorded so far are in {suite.path}"
+                if suite.path.exists()
+                else "no run was recorded"
+            )
+            print(
+                f"\ninterrupted: {recorded}; the runs in flight were stopped and not recorded, the "
+                "others not started (the same command goes on from here)",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise SystemExit(130) from None
         pool.shutdown(wait=True)
-        if not isinstance(err, KeyboardInterrupt):
-            raise
-        recorded = (
-            f"the runs recorded so far are in {suite.path}"
-            if suite.path.exists()
-            else "no run was recorded"
-        )
-        print(
-            f"\ninterrupted: {recorded}; the runs in flight were stopped and not recorded, the "
-            "others not started (the same command goes on from here)",
-            file=sys.stderr,
-            flush=True,
-        )
-        raise SystemExit(130) from None
-    pool.shutdown(wait=True)
     return failures
 
 

@@ -116,13 +116,10 @@ def _main(argv: list[str] | None) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not _peer_lost(err):
             raise
         # another rank failed to start (its env could not be built, say) and this one's
-        # first collective broke off: that rank's own message says why
-        _error(
-            f"rank {os.environ.get('RANK', '?')} lost the other ranks while starting "
-            f"({first_line(err, limit=200)}): another rank stopped, and its own message says "
-            "why; nothing trained"
+        # first collective broke off
+        return _lost_other_ranks(
+            os.environ.get("RANK", "?"), " while starting", err, "nothing trained"
         )
-        return 1
     try:
         summary = trainer.run()
         trainer.leave_group()
@@ -147,14 +144,8 @@ def _main(argv: list[str] | None) -> int:
     except RuntimeError as err:
         if not (trainer.ranks.distributed and _peer_lost(err)):
             raise
-        # another rank stopped (its env failed, say) and this one's collective broke off:
-        # that rank's own message says why; a torch traceback here would bury it
-        cause = first_line(err, limit=200)
-        _error(
-            f"rank {trainer.ranks.rank} lost the other ranks ({cause}): another rank stopped, "
-            "and its own message says why; the last checkpoint is kept"
-        )
-        return 1
+        # another rank stopped (its env failed, say) and this one's collective broke off
+        return _lost_other_ranks(trainer.ranks.rank, "", err, "the last checkpoint is kept")
     if summary is None:
         return 130
     if trainer.ranks.main:
@@ -174,6 +165,18 @@ def _peer_lost(err: RuntimeError) -> bool:
         return True
     text = str(err)
     return any(part in text for part in _PEER_LOST)
+
+
+def _lost_other_ranks(rank: object, when: str, err: RuntimeError, outcome: str) -> int:
+    """One line for a collective broken off by another rank's exit; returns the status, 1.
+
+    That rank's own message says why it stopped: a torch traceback here would bury it.
+    """
+    _error(
+        f"rank {rank} lost the other ranks{when} ({first_line(err, limit=200)}): another rank "
+        f"stopped, and its own message says why; {outcome}"
+    )
+    return 1
 
 
 def _thread_error(args: threading.ExceptHookArgs) -> None:

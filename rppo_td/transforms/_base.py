@@ -156,7 +156,7 @@ class RolloutTransform(Transform):
         (run again, it is replaced); anything else is the rollout's own data under a key that
         ``keys`` pointed at by mistake (``RolloutKeys(episode_id="observation")``).
         """
-        path = key if isinstance(key, tuple) else (key,)
+        path = as_path(key)
         for depth in range(1, len(path)):  # a key nested under a tensor cannot be written
             above = tensordict.get(path[:depth], None)
             if above is not None and not is_tensor_collection(above):
