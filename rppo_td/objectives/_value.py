@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDictBase
-from tensordict.nn import composite_lp_aggregate
+from tensordict.nn import composite_lp_aggregate, skip_existing
 from torchrl.objectives.value import ValueEstimatorBase
 
 from rppo_td._keys import RolloutKeys
@@ -83,6 +83,19 @@ class GAEEstimator(ValueEstimatorBase):
         time_dim: the time dimension of the tensordict; ``None``: the dimension named
             ``"time"``, else the last.
         device: where TorchRL's base class keeps its buffers (TorchRL passes it).
+        average_gae: standardise the written ``advantage`` over the whole tensordict, as
+            TorchRL's ``GAE(average_gae=True)`` does: minus its mean, over its standard
+            deviation (Bessel-corrected, floored at ``1e-4``; a single step is only
+            centred). ``value_target`` is computed before, from the raw advantage.
+        skip_existing: with a ``value_network``, read ``state_value`` and
+            ``("next", "state_value")`` where the tensordict already holds them instead of
+            recomputing them (each one separately); ``None``: tensordict's
+            ``skip_existing()`` mode, False unless set.
+        differentiable: TorchRL's option; only False: the advantages and targets are
+            constants for the loss (True is refused).
+        vectorized, shifted, deactivate_vmap: TorchRL's ways of computing the same values,
+            taken for a drop-in replacement of TorchRL's ``GAE``; they change nothing here
+            (rppo_td's GAE has one path, and its recurrent network runs without vmap).
 
     Example:
         >>> import torch
@@ -146,14 +159,37 @@ class GAEEstimator(ValueEstimatorBase):
         value_network: Any,
         time_dim: int | None = None,
         device: torch.device | str | None = None,
+        average_gae: bool = False,
+        skip_existing: bool | None = None,
+        differentiable: bool = False,
+        vectorized: bool | None = None,
+        shifted: bool = False,
+        deactivate_vmap: bool = False,
     ) -> None:
         check_value_network(value_network)
         check_unit_interval("gamma", gamma)
         check_unit_interval("lmbda", lmbda)
+        options = {"average_gae": average_gae, "differentiable": differentiable}
+        options |= {"shifted": shifted, "deactivate_vmap": deactivate_vmap}
+        for name, value in {
+            **options,
+            "skip_existing": skip_existing,
+            "vectorized": vectorized,
+        }.items():
+            if not isinstance(value, bool) and (value is not None or name in options):
+                allowed = "True or False" + ("" if name in options else " or None")
+                raise TypeError(f"GAEEstimator's {name} must be {allowed}, got {value!r}")
+        if differentiable:
+            raise ValueError(
+                "GAEEstimator does not take differentiable=True: its advantage and "
+                "value_target are constants for the loss (computed without gradients)"
+            )
         super().__init__(value_network=value_network, device=device)
         self.gamma = float(gamma)
         self.lmbda = float(lmbda)
         self.time_dim = time_dim
+        self.average_gae = average_gae
+        self.skip_existing = skip_existing
 
     def forward(
         self,
@@ -191,8 +227,14 @@ class GAEEstimator(ValueEstimatorBase):
         dim = self._get_time_dim(time_dim, tensordict)
         if self.value_network is not None:
             value, next_value = self._values(tensordict, dim, params, target_params)
-            tensordict.set(keys.value, value)
-            tensordict.set(("next", keys.value), next_value)
+            if value is not None:
+                tensordict.set(keys.value, value)
+            else:
+                value = tensordict.get(keys.value)
+            if next_value is not None:
+                tensordict.set(("next", keys.value), next_value)
+            else:
+                next_value = tensordict.get(("next", keys.value))
         else:
             hint = "(GAEEstimator has no value_network to compute it)"
             value = get_key(tensordict, keys.value, hint=hint)
@@ -233,6 +275,8 @@ class GAEEstimator(ValueEstimatorBase):
             lmbda=self.lmbda,
             time_dim=dim,
         )
+        if self.average_gae:
+            advantage = _standardized(advantage)
         tensordict.set(keys.advantage, advantage)
         tensordict.set(keys.value_target, target)
         return tensordict
@@ -268,9 +312,19 @@ class GAEEstimator(ValueEstimatorBase):
         time_dim: int,
         params: TensorDictBase | None,
         target_params: TensorDictBase | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients."""
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients.
+
+        With ``skip_existing``, None in place of a value the tensordict already holds.
+        """
         keys = self.tensor_keys
+        skip = skip_existing() if self.skip_existing is None else self.skip_existing
+        present = [
+            skip and tensordict.get(key, None) is not None
+            for key in (keys.value, ("next", keys.value))
+        ]
+        if all(present):
+            return None, None
         value, next_value = network_values(
             self.value_network,
             tensordict,
@@ -280,6 +334,17 @@ class GAEEstimator(ValueEstimatorBase):
             who="GAEEstimator",
             params=params,
             target_params=target_params,
+            current=not present[0],
         )
-        assert value is not None  # current=True
-        return value, next_value
+        return value, None if present[1] else next_value
+
+
+def _standardized(advantage: torch.Tensor) -> torch.Tensor:
+    """``advantage`` ``[*B, T, 1]`` minus its mean, over its std (Bessel, floored at 1e-4).
+
+    TorchRL's ``GAE(average_gae=True)``; a single element is centred only (its std is NaN).
+    """
+    centred = advantage - advantage.mean()
+    if advantage.numel() < 2:
+        return centred
+    return centred / advantage.std().clamp_min(1e-4)

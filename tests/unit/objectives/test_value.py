@@ -200,3 +200,56 @@ def test_a_plain_value_module():
         torch.testing.assert_close(out["state_value"], critic(rollout.clone())["state_value"])
         expected = critic(rollout["next"].clone())["state_value"]
     torch.testing.assert_close(out["next", "state_value"], expected)
+
+
+def test_torchrl_gae_options_for_a_drop_in_replacement():
+    """``average_gae`` gives TorchRL's numbers; ``skip_existing`` reads stored values."""
+    from tensordict.nn import set_skip_existing
+    from torchrl.objectives import ValueEstimators
+    from torchrl.objectives.value import GAE as TorchRLGAE
+
+    torch.manual_seed(0)
+    critic = TensorDictModule(torch.nn.Linear(3, 1), ["observation"], ["state_value"])
+    rollout, _, _ = step_rollout(make_agent("lstm"), W=3, T=7)
+    rollout = rollout.exclude("state_value", ("next", "state_value"))
+    theirs = TorchRLGAE(gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=True)
+    expected = theirs(rollout.clone())
+    ours = GAEEstimator(
+        gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=True, vectorized=True
+    )
+    out = ours(rollout.clone())
+    for key in ("advantage", "value_target"):
+        torch.testing.assert_close(out[key], expected[key], atol=1e-5, rtol=1e-5)
+    assert abs(out["advantage"].mean().item()) < 1e-6
+    # one step: centred only (its deviation is undefined)
+    assert GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=True)(
+        rollout[:1, :1].clone()
+    )["advantage"].item() == 0.0
+    # the options a TorchRL user passes through the loss
+    loss = RecurrentPPOLoss(make_agent("lstm").actor, critic)
+    loss.make_value_estimator(ValueEstimators.GAE, gamma=GAMMA, lmbda=LMBDA, average_gae=True)
+    torch.testing.assert_close(loss.value_estimator(rollout.clone())["advantage"], out["advantage"])
+
+    # skip_existing: stored values are read, each one on its own; a missing one is computed
+    stored = rollout.clone()
+    stored["state_value"] = torch.full((3, 7, 1), 5.0)
+    skipping = GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, skip_existing=True)
+    kept = skipping(stored.clone())
+    assert (kept["state_value"] == 5.0).all()
+    torch.testing.assert_close(kept["next", "state_value"], expected["next", "state_value"])
+    recomputed = GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(stored.clone())
+    torch.testing.assert_close(recomputed["state_value"], expected["state_value"])
+    with set_skip_existing(True):  # None follows tensordict's mode
+        default = GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic)(stored.clone())
+    assert (default["state_value"] == 5.0).all()
+    both = stored.clone()
+    both["next", "state_value"] = torch.zeros(3, 7, 1)
+    out = skipping(both)
+    assert (out["state_value"] == 5.0).all() and (out["next", "state_value"] == 0).all()
+
+    with pytest.raises(ValueError, match="differentiable=True"):
+        GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, differentiable=True)
+    with pytest.raises(TypeError, match="average_gae must be True or False, got 1"):
+        GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=1)
+    with pytest.raises(TypeError, match="skip_existing must be True or False or None"):
+        GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, skip_existing="yes")
