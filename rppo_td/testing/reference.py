@@ -23,6 +23,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from rppo_td import RolloutKeys
+from rppo_td._validation import check_sequence_length
 
 __all__ = [
     "reference_chunk_ids",
@@ -98,7 +99,10 @@ def reference_sequences(
     """Sequences in row-major order: each fragment cut into runs of ``sequence_length`` steps.
 
     ``sequence_length=None`` keeps whole fragments. The last run of a fragment may be shorter.
+    Anything but an int ``>= 1`` or None is refused (``ValueError``), as ``SequenceChunker``
+    refuses it.
     """
+    check_sequence_length(sequence_length)
     sequences: list[list[Step]] = []
     for fragment in reference_fragments(rollout, keys):
         current: list[Step] = []
@@ -296,8 +300,15 @@ def reference_minibatch_sizes(lengths: list[int], num_minibatches: int) -> list[
     between the last count below that target and the first count at or above it, the nearer
     one (a tie: the later). Then every group gets at least one sequence: each cut is moved
     past the one before it, and before the point where the groups after it would run out.
+
+    ``num_minibatches`` must be an int in ``[1, len(lengths)]`` (else a ``ValueError``, as
+    ``balanced_minibatches`` gives).
     """
     n, m = len(lengths), num_minibatches
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
+        raise ValueError(
+            f"num_minibatches must be an int in [1, {n}] (the number of sequences), got {m!r}"
+        )
     counts = [0]
     for length in lengths:
         counts.append(counts[-1] + length)

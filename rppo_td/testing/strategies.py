@@ -13,7 +13,8 @@ Strategies:
 - ``action_specs()``: discrete (scalar int64), one-hot, multi-discrete (int64 vector) or
   continuous (float32 vector) actions.
 - ``recurrent_specs()``: LSTM (``h`` and ``c``) or GRU (``h``) states ``[layers, H]``, or none.
-- ``episode_ends(W, T)``: ``(terminated, truncated)`` flags, ``[W, T, 1]`` bool, never both.
+- ``episode_ends(W, T)``: ``(terminated, truncated)`` flags, ``[W, T, 1]`` bool; both True
+  at one step only with ``allow_both=True`` (a time limit that falls on a terminal step).
 - ``rollouts()``: a full rollout TensorDict ``[W, T]`` keyed as ``rppo_td.RolloutKeys`` says
   (or as given overrides say), with ``done = terminated | truncated`` and ``is_init``
   consistent with the previous step's ``done``.
@@ -113,6 +114,18 @@ def _check_strategy(name: str, value: object) -> None:
         )
 
 
+def _check_bool(name: str, value: object) -> None:
+    """A flag given by the caller, refused by name unless a ``bool``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_drawn(name: str, value: object, expected: type | tuple[type, ...], what: str) -> None:
+    """A value drawn from a caller's strategy, refused by name unless of ``expected`` type."""
+    if not isinstance(value, expected):
+        raise TypeError(f"rollouts' {name} strategy must draw {what}, drew {value!r}")
+
+
 @st.composite
 def _feature_specs(draw: st.DrawFn) -> FeatureSpec:
     kind = draw(st.sampled_from(["vector", "image", "integer", "flag"]), label="feature kind")
@@ -130,7 +143,18 @@ def _feature_specs(draw: st.DrawFn) -> FeatureSpec:
 def observation_specs(
     min_keys: int = 1, max_keys: int = 3
 ) -> st.SearchStrategy[dict[NestedKey, FeatureSpec]]:
-    """Observation keys (from ``OBSERVATION_KEYS``) mapped to their per-step spec."""
+    """Observation keys (from ``OBSERVATION_KEYS``) mapped to their per-step spec.
+
+    ``0 <= min_keys <= max_keys <= len(OBSERVATION_KEYS)`` (5), ints (else a ``ValueError``
+    names the parameter).
+    """
+    check_int_at_least("min_keys", min_keys, 0)
+    check_int_at_least("max_keys", max_keys, max(min_keys, 1))
+    if max_keys > len(OBSERVATION_KEYS):
+        raise ValueError(
+            f"max_keys must be at most {len(OBSERVATION_KEYS)} (the keys of OBSERVATION_KEYS), "
+            f"got {max_keys}"
+        )
     return st.dictionaries(
         st.sampled_from(OBSERVATION_KEYS), _feature_specs(), min_size=min_keys, max_size=max_keys
     )
@@ -152,6 +176,7 @@ def action_specs(draw: st.DrawFn) -> ActionSpec:
 
 def recurrent_specs(allow_none: bool = True) -> st.SearchStrategy[RecurrentSpec | None]:
     """LSTM or GRU states with 1-3 layers and hidden size 1-4, or (if allowed) None."""
+    _check_bool("allow_none", allow_none)
     spec = st.builds(
         RecurrentSpec,
         cell=st.sampled_from(["lstm", "gru"]),
@@ -161,29 +186,39 @@ def recurrent_specs(allow_none: bool = True) -> st.SearchStrategy[RecurrentSpec 
     return st.one_of(st.none(), spec) if allow_none else spec
 
 
-@st.composite
 def episode_ends(
-    draw: st.DrawFn, num_workers: int, num_steps: int, end_rate: int = 4
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(terminated, truncated)``, each ``[W, T, 1]`` bool, never both True at one step.
+    num_workers: int, num_steps: int, end_rate: int = 4, allow_both: bool = False
+) -> st.SearchStrategy[tuple[torch.Tensor, torch.Tensor]]:
+    """``(terminated, truncated)``, each ``[W, T, 1]`` bool.
 
     Each step is an end with probability about ``2 / (end_rate + 2)``, half terminations and
-    half truncations; shrinks towards no ends at all. ``num_workers``, ``num_steps`` and
-    ``end_rate`` are ints ``>= 0`` (else a ``ValueError`` names the parameter).
+    half truncations; shrinks towards no ends at all. With ``allow_both`` a step may also be
+    both (a time limit on a terminal step, as gymnasium allows): each of the three with
+    probability about ``1 / (end_rate + 3)``. ``num_workers``, ``num_steps`` and ``end_rate``
+    are ints ``>= 0`` (else a ``ValueError`` names the parameter, when called).
     """
     check_int_at_least("num_workers", num_workers, 0)
     check_int_at_least("num_steps", num_steps, 0)
     check_int_at_least("end_rate", end_rate, 0)
+    _check_bool("allow_both", allow_both)
+    return _episode_ends(num_workers, num_steps, end_rate, allow_both)
+
+
+@st.composite
+def _episode_ends(
+    draw: st.DrawFn, num_workers: int, num_steps: int, end_rate: int, allow_both: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     codes = draw(
         st.lists(
-            st.integers(0, end_rate + 1),
+            st.integers(0, end_rate + (2 if allow_both else 1)),
             min_size=num_workers * num_steps,
             max_size=num_workers * num_steps,
         ),
         label="step end codes",
     )
     code = torch.tensor(codes, dtype=torch.int64).view(num_workers, num_steps, 1)
-    return code == end_rate, code == end_rate + 1
+    both = code == end_rate + 2
+    return (code == end_rate) | both, (code == end_rate + 1) | both
 
 
 def sequence_lengths(max_length: int = 12, allow_none: bool = True) -> st.SearchStrategy:
@@ -192,6 +227,7 @@ def sequence_lengths(max_length: int = 12, allow_none: bool = True) -> st.Search
     ``max_length`` is an int ``>= 1`` (else a ``ValueError`` names it).
     """
     check_int_at_least("max_length", max_length, 1)
+    _check_bool("allow_none", allow_none)
     lengths = st.integers(1, max_length)
     return st.one_of(lengths, st.none()) if allow_none else lengths
 
@@ -204,11 +240,18 @@ def discounts() -> st.SearchStrategy[float]:
     )
 
 
-@st.composite
-def step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tensor:
-    """Episode-start masks ``[W, T]`` bool with column 0 True (every row starts a fragment)."""
+def step_masks(num_workers: int, num_steps: int) -> st.SearchStrategy[torch.Tensor]:
+    """Episode-start masks ``[W, T]`` bool with column 0 True (every row starts a fragment).
+
+    ``num_workers`` and ``num_steps`` are ints ``>= 0`` (else a ``ValueError`` names them).
+    """
     check_int_at_least("num_workers", num_workers, 0)
     check_int_at_least("num_steps", num_steps, 0)
+    return _step_masks(num_workers, num_steps)
+
+
+@st.composite
+def _step_masks(draw: st.DrawFn, num_workers: int, num_steps: int) -> torch.Tensor:
     flags = draw(
         st.lists(st.booleans(), min_size=num_workers * num_steps, max_size=num_workers * num_steps)
     )
@@ -244,9 +287,7 @@ def _action(generator: torch.Generator, spec: ActionSpec, batch: tuple[int, int]
     return _fill(generator, batch + spec.shape, spec.dtype, spec.num_values)
 
 
-@st.composite
 def rollouts(
-    draw: st.DrawFn,
     *,
     num_workers: st.SearchStrategy[int] = _workers,
     num_steps: st.SearchStrategy[int] = _steps,
@@ -257,8 +298,9 @@ def rollouts(
     with_is_init: st.SearchStrategy[bool] = _booleans,
     end_rate: int = 4,
     extra_starts: bool = False,
+    allow_both: bool = False,
     keys: RolloutKeys | None = None,
-) -> TensorDict:
+) -> st.SearchStrategy[TensorDict]:
     """A random rollout ``[W, T]`` as a TorchRL collector writes it.
 
     Keys (names from ``keys``, default ``RolloutKeys()``): the drawn observation keys at the
@@ -287,7 +329,6 @@ def rollouts(
     for GAE, but it tests that splitting honours ``is_init``.
 
     Args:
-        draw: supplied by ``st.composite``; not passed by callers.
         num_workers: ``W`` (default 1 to 4).
         num_steps: ``T`` (default 1 to 12).
         observations: the observation keys and specs (default ``observation_specs()``).
@@ -299,12 +340,17 @@ def rollouts(
         end_rate: an int ``>= 0``: each step ends an episode with probability about
             ``2 / (end_rate + 2)`` (0: every step).
         extra_starts: add ``is_init`` starts not preceded by ``done`` (see above).
+        allow_both: steps may be terminated and truncated at once (``episode_ends``).
         keys: key names (default ``RolloutKeys()``).
 
     Raises:
-        TypeError: a parameter that must be a strategy is not one (``st.just(2)``, not
-            ``2``), or ``extra_starts``/``keys`` of another type.
-        ValueError: ``end_rate`` not an int ``>= 0``, or a drawn ``W`` or ``T`` below 1.
+        TypeError: when called, a parameter that must be a strategy is not one
+            (``st.just(2)``, not ``2``), or ``extra_starts``/``allow_both``/``keys`` of another
+            type; when drawn, a strategy that draws the wrong type (``recurrent`` must draw a
+            ``RecurrentSpec`` or None, ``actions`` an ``ActionSpec``, ``observations`` a dict
+            of ``FeatureSpec``, ``with_done``/``with_is_init`` a bool).
+        ValueError: when called, ``end_rate`` not an int ``>= 0``; when drawn, ``W`` or ``T``
+            not an int ``>= 1``.
 
     Example:
         >>> from hypothesis import given, settings, strategies as st
@@ -326,24 +372,47 @@ def rollouts(
     for name, value in strategies.items():
         _check_strategy(name, value)
     check_int_at_least("end_rate", end_rate, 0)
-    if not isinstance(extra_starts, bool):
-        raise TypeError(f"extra_starts must be a bool, got {extra_starts!r}")
+    _check_bool("extra_starts", extra_starts)
+    _check_bool("allow_both", allow_both)
     if keys is not None and not isinstance(keys, RolloutKeys):
         raise TypeError(f"keys must be a RolloutKeys or None, got {keys!r}")
-    keys = keys if keys is not None else RolloutKeys()
-    workers = draw(num_workers, label="W")
-    steps = draw(num_steps, label="T")
-    if workers < 1 or steps < 1:
-        raise ValueError(
-            f"rollouts need num_workers >= 1 and num_steps >= 1, drew {workers} and {steps}"
-        )
+    return _rollouts(
+        strategies, end_rate, extra_starts, allow_both, keys if keys is not None else RolloutKeys()
+    )
+
+
+@st.composite
+def _rollouts(
+    draw: st.DrawFn,
+    strategies: dict[str, st.SearchStrategy],
+    end_rate: int,
+    extra_starts: bool,
+    allow_both: bool,
+    keys: RolloutKeys,
+) -> TensorDict:
+    """``rollouts``' draw, its arguments checked."""
+    workers = draw(strategies["num_workers"], label="W")
+    steps = draw(strategies["num_steps"], label="T")
+    for name, drawn in (("num_workers", workers), ("num_steps", steps)):
+        if isinstance(drawn, bool) or not isinstance(drawn, int) or drawn < 1:
+            raise ValueError(f"rollouts' {name} strategy must draw ints >= 1, drew {drawn!r}")
     batch = (workers, steps)
-    observation_spec = draw(observations, label="observations")
-    action = draw(actions, label="action")
-    state = draw(recurrent, label="recurrent")
-    done_key = draw(with_done, label="with done")
-    is_init_key = True if extra_starts else draw(with_is_init, label="with is_init")
-    terminated, truncated = draw(episode_ends(workers, steps, end_rate), label="ends")
+    observation_spec = draw(strategies["observations"], label="observations")
+    _check_drawn("observations", observation_spec, dict, "a dict of FeatureSpec")
+    for key, spec in observation_spec.items():
+        _check_drawn("observations", spec, FeatureSpec, f"a FeatureSpec for {key!r}")
+    action = draw(strategies["actions"], label="action")
+    _check_drawn("actions", action, ActionSpec, "an ActionSpec")
+    state = draw(strategies["recurrent"], label="recurrent")
+    _check_drawn("recurrent", state, (RecurrentSpec, type(None)), "a RecurrentSpec or None")
+    done_key = draw(strategies["with_done"], label="with done")
+    _check_drawn("with_done", done_key, bool, "True or False")
+    is_init_key = True
+    if not extra_starts:
+        is_init_key = draw(strategies["with_is_init"], label="with is_init")
+        _check_drawn("with_is_init", is_init_key, bool, "True or False")
+    ends = episode_ends(workers, steps, end_rate, allow_both)
+    terminated, truncated = draw(ends, label="ends")
     first_is_init = draw(
         st.lists(st.booleans(), min_size=workers, max_size=workers), label="is_init[:, 0]"
     )

@@ -32,7 +32,7 @@ def _close(actual, expected, atol=ATOL):
     torch.testing.assert_close(actual.to(torch.float64), expected, atol=atol, rtol=1e-5)
 
 
-@given(td=rollouts(with_done=st.booleans()), gamma=discounts(), lmbda=discounts())
+@given(td=rollouts(with_done=st.booleans(), allow_both=True), gamma=discounts(), lmbda=discounts())
 def test_gae_matches_reference(td, gamma, lmbda):
     advantage, target = _gae(td, gamma, lmbda)
     expected_advantage, expected_target = reference_gae(td, gamma, lmbda)

@@ -144,6 +144,8 @@ def test_episode_ends_and_step_masks(data):
     terminated, truncated = data.draw(episode_ends(num_workers, num_steps), label="ends")
     assert terminated.shape == truncated.shape == (num_workers, num_steps, 1)
     assert not bool((terminated & truncated).any())
+    terminated, truncated = data.draw(episode_ends(num_workers, num_steps, allow_both=True))
+    assert terminated.shape == truncated.shape == (num_workers, num_steps, 1)
     start = data.draw(step_masks(num_workers, num_steps), label="start")
     assert start.shape == (num_workers, num_steps) and start.dtype == torch.bool
     assert bool(start[:, 0].all())
@@ -230,9 +232,45 @@ def test_no_recurrent_state_and_is_init_always(td):
     assert td["is_init"].shape == (*td.batch_size, 1)
 
 
-def test_sizes_below_one_are_refused():
-    with pytest.raises(ValueError, match="num_workers >= 1 and num_steps >= 1, drew 0 and 3"):
-        find(rollouts(num_workers=st.just(0), num_steps=st.just(3)), lambda td: True)
+def test_both_flags_on_one_step_are_drawn_when_allowed():
+    # gymnasium allows a time limit on a terminal step; the default never draws it
+    def both(td):
+        return bool((td["next", "terminated"] & td["next", "truncated"]).any())
+
+    td = find(rollouts(allow_both=True), both, settings=_FIND)
+    assert torch.equal(td["next", "done"], td["next", "terminated"] | td["next", "truncated"])
+    ends = episode_ends(2, 3, end_rate=0, allow_both=True)
+    find(ends, lambda flags: bool((flags[0] & flags[1]).any()), settings=_FIND)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "error", "message"),
+    [
+        (
+            dict(num_workers=st.just(0)),
+            ValueError,
+            "num_workers strategy must draw ints >= 1, drew 0",
+        ),
+        # 2.0 was refused as "num_workers must be an int >= 0" (episode_ends' bound)
+        (
+            dict(num_steps=st.just(2.0)),
+            ValueError,
+            "num_steps strategy must draw ints >= 1, drew 2.0",
+        ),
+        # a str failed with an AttributeError inside the strategy; 0 was taken as False
+        (
+            dict(recurrent=st.just("lstm")),
+            TypeError,
+            "recurrent strategy must draw a RecurrentSpec",
+        ),
+        (dict(actions=st.just("discrete")), TypeError, "actions strategy must draw an ActionSpec"),
+        (dict(with_done=st.just(0)), TypeError, "with_done strategy must draw True or False"),
+        (dict(observations=st.just({"observation": (3,)})), TypeError, "a FeatureSpec for"),
+    ],
+)
+def test_wrong_draws_are_refused_by_name(strategy, error, message):
+    with pytest.raises(error, match=message):
+        find(rollouts(**strategy), lambda td: True)
 
 
 @pytest.mark.parametrize(
@@ -243,7 +281,15 @@ def test_sizes_below_one_are_refused():
         (lambda: rollouts(end_rate=-1), ValueError, "end_rate must be an int >= 0, got -1"),
         (lambda: rollouts(end_rate="x"), ValueError, "end_rate must be an int >= 0, got 'x'"),
         (lambda: rollouts(num_workers=2), TypeError, r"num_workers must be a hypothesis"),
-        (lambda: rollouts(extra_starts=1), TypeError, "extra_starts must be a bool"),
+        (lambda: rollouts(extra_starts=1), TypeError, "extra_starts must be True or False"),
+        (lambda: rollouts(allow_both="yes"), TypeError, "allow_both must be True or False"),
+        # each failed in hypothesis, naming min_size / max_size (or, for 6 keys of 5, nothing)
+        (lambda: observation_specs(-1), ValueError, "min_keys must be an int >= 0, got -1"),
+        (lambda: observation_specs(3, 1), ValueError, "max_keys must be an int >= 3, got 1"),
+        (lambda: observation_specs(1, 6), ValueError, "max_keys must be at most 5"),
+        # a str was taken as True
+        (lambda: recurrent_specs(allow_none="no"), TypeError, "allow_none must be True or False"),
+        (lambda: sequence_lengths(allow_none="no"), TypeError, "allow_none must be True or False"),
         (lambda: episode_ends(-1, 3), ValueError, "num_workers must be an int >= 0, got -1"),
         (
             lambda: episode_ends(2, 3, end_rate=-2),
@@ -259,8 +305,9 @@ def test_sizes_below_one_are_refused():
     ],
 )
 def test_bad_parameters_are_refused_by_name(strategy, error, message):
+    # when the strategy is built, on the caller's line, not when hypothesis draws from it
     with pytest.raises(error, match=message):
-        find(strategy(), lambda drawn: True)
+        strategy()
 
 
 # --- packaging: hypothesis optional, no tests/ on sys.path ---------------------------------
@@ -320,3 +367,29 @@ def test_nothing_puts_tests_on_sys_path():
             if "sys.path" in text or "tests.reference" in text or "tests.strategies" in text:
                 offenders.append(name)
     assert offenders == []
+
+
+# --- the references refuse what the library refuses ---------------------------------------
+def test_references_refuse_what_the_library_refuses():
+    from rppo_td.functional import balanced_minibatches
+    from rppo_td.testing.reference import (
+        reference_chunk_ids,
+        reference_minibatch_sizes,
+        reference_pad,
+        reference_sequences,
+    )
+
+    # 5 groups of 3 sequences gave [-1, 1, 1, 1, 1]; 0 a ZeroDivisionError
+    for m in (5, 0, 2.0, True):
+        with pytest.raises(ValueError, match=r"num_minibatches must be"):
+            balanced_minibatches(torch.ones(3, dtype=torch.int64), m)
+        with pytest.raises(ValueError, match=r"num_minibatches must be an int in \[1, 3\]"):
+            reference_minibatch_sizes([1, 1, 1], m)
+    td = find(rollouts(), lambda td: True)
+    # 0 gave an empty sequence; -1 and 2.5 whole fragments
+    for length in (0, -1, 2.5):
+        for reference in (reference_sequences, reference_chunk_ids, reference_pad):
+            with pytest.raises(
+                ValueError, match=f"sequence_length must be an int >= 1 or None, got {length}"
+            ):
+                reference(td, length)
