@@ -93,9 +93,10 @@ class GAEEstimator(ValueEstimatorBase):
             ``skip_existing()`` mode, False unless set.
         differentiable: TorchRL's option; only False: the advantages and targets are
             constants for the loss (True is refused).
-        vectorized, shifted, deactivate_vmap: TorchRL's ways of computing the same values,
-            taken for a drop-in replacement of TorchRL's ``GAE``; they change nothing here
-            (rppo_td's GAE has one path, and its recurrent network runs without vmap).
+        vectorized: TorchRL's way of computing the same values, taken for a drop-in
+            replacement of TorchRL's ``GAE``; it changes nothing here (one path).
+        shifted: the same (TorchRL's one network call over ``T + 1`` steps); no change here.
+        deactivate_vmap: the same (rppo_td runs a recurrent network without vmap).
 
     Example:
         >>> import torch
