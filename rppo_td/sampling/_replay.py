@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import LazyStackedTensorDict, TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
@@ -136,6 +136,20 @@ class SequenceReplaySampler(Sampler):
                 f"LazyTensorStorage or LazyMemmapStorage); {type(storage).__name__} returned "
                 f"{type(stored).__name__}"
             )
+        if isinstance(stored, LazyStackedTensorDict):
+            # a LazyStackStorage: sequences of other lengths would fail to stack, keylessly
+            lengths = {
+                tuple(mask.shape)
+                for part in stored.tensordicts
+                if (mask := part.get(self.keys.loss_mask, None)) is not None
+            }
+            if len(lengths) > 1:
+                raise ValueError(
+                    f"SequenceReplaySampler needs every stored sequence padded to one length; "
+                    f"{type(storage).__name__} holds {self.keys.loss_mask!r} of shapes "
+                    f"{sorted(lengths)}: pad every write to one length with "
+                    "SequencePadder(pad_to=L)"
+                )
         return stored.get(self.keys.loss_mask, None)
 
     def _draw_epoch(self, storage: Storage) -> list[torch.Tensor]:

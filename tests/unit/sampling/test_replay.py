@@ -217,6 +217,25 @@ def test_storages_the_sampler_cannot_read_are_refused_by_name():
         two_dim.sample(1)
 
 
+def test_a_lazy_stack_storage_of_one_length_serves_and_of_two_is_refused_by_name():
+    from torchrl.data.replay_buffers import LazyStackStorage
+
+    def padded(count, length):
+        mask = torch.ones(count, length, dtype=torch.bool)
+        return TensorDict({"loss_mask": mask, "x": torch.randn(count, length)}, [count, length])
+
+    buffer = ReplayBuffer(
+        storage=LazyStackStorage(8),
+        batch_size=1,
+        sampler=SequenceReplaySampler(2, generator=torch.Generator().manual_seed(0)),
+    )
+    buffer.extend(padded(3, 4))
+    assert sum(mb.batch_size[0] for mb in buffer) == 3
+    buffer.extend(padded(3, 6))  # another rollout's Lp: tensordict's keyless stack error
+    with pytest.raises(ValueError, match=r"'loss_mask' of shapes \[\(4,\), \(6,\)\].*pad_to"):
+        buffer.sample()
+
+
 def test_a_loaded_plan_is_copied_and_checked_against_the_storage():
     sampler = SequenceReplaySampler(2, generator=torch.Generator().manual_seed(0))
     buffer = _buffer(sampler)
