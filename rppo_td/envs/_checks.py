@@ -31,6 +31,22 @@ _isfinite = math.isfinite
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def storable_squares(obs: np.ndarray) -> bool:
+    """Whether every entry of float array ``obs`` is sure to stay finite as float32.
+
+    One BLAS call (``np.vdot``, cheaper than ``np.isfinite(obs).all()``): the sum of squares is
+    finite only if every entry is, and at most float32's largest value squared only if every
+    entry's magnitude is at most that value (rollouts store float observations as float32).
+    False does not mean a problem: an overflowing sum is checked entry by entry
+    (``observation_problem``).
+    """
+    squares = np.vdot(obs, obs)
+    return math.isfinite(squares) and (obs.dtype.itemsize <= 4 or squares <= _FLOAT32_SQUARED)
+
+
+_FLOAT32_SQUARED = _FLOAT32_MAX * _FLOAT32_MAX
+
+
 def _storable(reward: Any) -> bool:
     """A real reward that stays finite as float32 (False for NaN and inf too)."""
     return bool(-_FLOAT32_MAX <= reward <= _FLOAT32_MAX)
@@ -150,8 +166,17 @@ def observation_problem(obs: Any, space: gym.Space, label: str = "observation") 
     low: Any
     high: Any
     if isinstance(space, gym.spaces.Box):
-        if space.dtype is not None and space.dtype.kind == "f" and not np.isfinite(obs).all():
-            return f"{label} contains NaN or inf: {short_repr(np.asarray(obs))}"
+        if space.dtype is None or space.dtype.kind != "f":
+            return None
+        arr = np.asarray(obs)
+        if not np.isfinite(arr).all():
+            return f"{label} contains NaN or inf: {short_repr(arr)}"
+        if arr.size and arr.dtype.itemsize > 4 and float(np.abs(arr).max()) > _FLOAT32_MAX:
+            return (
+                f"{label} holds {float(arr.flat[np.abs(arr).argmax()])!r}, beyond float32's "
+                f"range (magnitude at most {_FLOAT32_MAX:.4g}), the dtype rollouts store "
+                "observations in: it would be inf; scale the env's observations down"
+            )
         return None
     if isinstance(space, gym.spaces.Discrete):
         low, high = int(space.start), int(space.start) + int(space.n)
@@ -334,7 +359,7 @@ class EnvChecker(gym.Wrapper):
         else:
             problem = form_problem(obs, space)
         if problem is None:
-            if self._float_box and _isfinite(np.vdot(obs, obs)):
+            if self._float_box and storable_squares(obs):
                 return
             problem = observation_problem(obs, space)
         if problem:

@@ -67,6 +67,8 @@ def resolve_env_id(env_id: str) -> str:
                 f"unknown env {env_id!r}: module {module!r} was imported but {name!r} is not "
                 f"registered with gymnasium ({err}). Check the id that the module registers."
             ) from err
+        if isinstance(err, gym.error.DeprecatedEnv):  # registered, in a newer version only
+            raise ValueError(f"env {name!r} is deprecated in gymnasium: {err}") from err
         raise ValueError(
             f"unknown env {name!r}: not registered with gymnasium ({err}). Use a registered id, "
             "or 'module:EnvId' to import the module that registers it."

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from rppo_td.envs._checks import EnvError, form_problem, observation_problem
+from rppo_td.envs._checks import EnvError, form_problem, observation_problem, storable_squares
 
 __all__ = ["CheckedVectorEnv"]
 
@@ -73,9 +72,8 @@ class CheckedVectorEnv(SyncVectorEnv):
         except _BATCH_ERRORS as err:
             self._trace(err, "step() or its autoreset")
             raise
-        # the sum of squares is finite only if every entry is (one BLAS call, cheaper than
-        # np.isfinite(obs).all()); where it overflows the exact check finds nothing
-        if not self._float_box or not math.isfinite(np.vdot(obs, obs)):
+        # one BLAS call (storable_squares); where it says no, the exact check may find nothing
+        if not self._float_box or not storable_squares(obs):
             self._check_values(obs, "step() or its autoreset")
         ended = info.get("_final_obs")
         if ended is not None and ended.any():

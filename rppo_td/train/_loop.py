@@ -10,6 +10,7 @@ import logging
 import math
 import numbers
 import pickle
+import re
 import signal
 import socket
 import threading
@@ -62,7 +63,7 @@ from rppo_td.train._outputs import (
     write_json_atomic,
 )
 from rppo_td.train._ppo import PPOSettings, PPOUpdate
-from rppo_td.train._setup import build_agent, seed_everything
+from rppo_td.train._setup import build_agent, env_spaces, seed_everything
 from rppo_td.train._vector_collector import VectorCollector
 from rppo_td.transforms import EpisodicNoveltyBonus
 
@@ -253,9 +254,13 @@ class Trainer:
         except (RuntimeError, MemoryError) as err:
             if "alloc" not in str(err) and not isinstance(err, MemoryError):
                 raise
+            observation_space, action_space = env_spaces(config.env)
             raise ValueError(
                 f"the agent (hidden_size={config.hidden_size}, num_layers={config.num_layers}) "
-                f"does not fit in memory on {self.device}: {first_line(err, limit=160)}"
+                f"for observation space {_brief(observation_space)} and action space "
+                f"{_brief(action_space)} does not fit in memory on {self.device} (a Discrete or "
+                f"MultiDiscrete observation is one-hot encoded: one input per value): "
+                f"{_allocation(err)}"
             ) from None
         if checkpoint is None and config.image_layout != "auto" and not self.agent.image_keys:
             # it reads uint8 images only: ignored here, the run would go on as the user did not
@@ -953,3 +958,27 @@ def _logged_updates(path: Path) -> str:
     except (OSError, UnicodeDecodeError, csv.Error):
         return "rows that cannot be read"
     return f"{rows} update{'' if rows == 1 else 's'}"
+
+
+def _brief(space: object, limit: int = 100) -> str:
+    """``str(space)``, cut to ``limit`` characters (a Dict space's runs on)."""
+    text = str(space)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _allocation(err: BaseException) -> str:
+    """What an allocation error tried: ``it tried to allocate 256.0 TiB``, else its first line.
+
+    torch's CPU allocator's message runs to 250 characters of which the size is the part a
+    user acts on.
+    """
+    found = re.search(r"tried to allocate (\d+) bytes", str(err))
+    if found is None:
+        line = first_line(err)
+        return line if len(line) <= 160 else line[:157].rsplit(" ", 1)[0] + " ..."
+    size = float(found.group(1))
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"it tried to allocate {size:.1f} {unit}"

@@ -6,6 +6,7 @@ import dataclasses
 import subprocess
 import sys
 
+import gymnasium as gym
 import pytest
 
 from rppo_td.train import TrainConfig, build_parser, list_presets
@@ -521,3 +522,32 @@ def test_from_dict_names_what_is_not_a_mapping():
     for values, kind in ((None, "NoneType"), ([], "list"), ("total_steps", "str")):
         with pytest.raises(TypeError, match=f"config must be a mapping .*, got {kind}"):
             TrainConfig.from_dict(values)
+
+
+class _HugeDiscreteObs(gym.Env):
+    """Discrete(2**40) observations: one-hot encoded, 2**40 inputs."""
+
+    observation_space = gym.spaces.Discrete(2**40)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        return 0, {}
+
+    def step(self, action):
+        return 0, 0.0, False, False, {}
+
+
+def test_an_agent_too_big_for_memory_names_the_spaces_and_the_size(capsys, tmp_path):
+    # the allocator's message was cut at 160 characters, mid-word, naming no space
+    import rppo_td.train as train
+
+    if "rppo_td_test/HugeDiscreteObs-v0" not in gym.registry:
+        gym.register("rppo_td_test/HugeDiscreteObs-v0", entry_point=_HugeDiscreteObs)
+    argv = ["--env", "rppo_td_test/HugeDiscreteObs-v0", "--output", str(tmp_path / "run")]
+    assert train.main([*argv, "--no-progress", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "rppo-train: error: the agent (hidden_size=64, num_layers=1) for observation space "
+        "Discrete(1099511627776) and action space Discrete(3) does not fit in memory on cpu"
+    ), err
+    assert err.endswith("it tried to allocate 256.0 TiB\n"), err

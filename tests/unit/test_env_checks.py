@@ -107,6 +107,23 @@ class DiscreteObsEnv(FaultyEnv):
         return obs, 1.0, False, False, {}
 
 
+class WideObsEnv(FaultyEnv):
+    """float64 Box observations; from step ``AT`` on, finite but beyond float32's range."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), dtype=np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2), {}
+
+    def step(self, action):
+        self.t += 1
+        # 1e39: its square is finite in float64 (the sum-of-squares check passed it); 1e300:
+        # its square overflows, and the entry check found it finite
+        big = {"huge_obs": 1e39, "huger_obs": -1e300}[self.fault]
+        return np.array([big if self.t >= AT else 0.0, 1.0]), 1.0, False, False, {}
+
+
 def _not_an_env():
     return object()
 
@@ -133,6 +150,10 @@ FAULTS = {
     "step_raises": "raised ZeroDivisionError in step(): division by zero",
     "reset_raises": "raised ValueError in reset(): cannot load level",
 }
+WIDE_FAULTS = {
+    "huge_obs": "observation holds 1e+39, beyond float32's range",
+    "huger_obs": "observation holds -1e+300, beyond float32's range",
+}
 DISCRETE_FAULTS = {
     "out_of_range": "observation is 5, outside Discrete(3)",
     "float_obs": "observation has dtype float64, expected one castable to int64",
@@ -150,6 +171,9 @@ for _fault in [*FAULTS, "none", "ctor_raises"]:
 for _fault in DISCRETE_FAULTS:
     if _id(_fault) not in gym.registry:
         gym.register(id=_id(_fault), entry_point=DiscreteObsEnv, kwargs={"fault": _fault})
+for _fault in WIDE_FAULTS:
+    if _id(_fault) not in gym.registry:
+        gym.register(id=_id(_fault), entry_point=WideObsEnv, kwargs={"fault": _fault})
 if _id("not_an_env") not in gym.registry:
     gym.register(id=_id("not_an_env"), entry_point=_not_an_env)
 if _id("no_module") not in gym.registry:
@@ -179,9 +203,9 @@ def _check_message(err: EnvError, env_id: str, fragment: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["single", "vector"])
-@pytest.mark.parametrize("fault", sorted(FAULTS) + sorted(DISCRETE_FAULTS))
+@pytest.mark.parametrize("fault", sorted(FAULTS) + sorted(DISCRETE_FAULTS) + sorted(WIDE_FAULTS))
 def test_fault_raises_env_error_naming_env_and_problem(fault, how):
-    fragment = FAULTS.get(fault) or DISCRETE_FAULTS[fault]
+    fragment = FAULTS.get(fault) or DISCRETE_FAULTS.get(fault) or WIDE_FAULTS[fault]
     with pytest.raises(EnvError) as info:
         _drive(_id(fault), how)
     _check_message(info.value, _id(fault), fragment)

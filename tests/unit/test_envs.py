@@ -149,6 +149,8 @@ def test_module_colon_id_finds_the_module_in_the_current_directory(tmp_path, mon
         (":Foo-v0", "must look like 'module:EnvId'"),
         ("json:Foo-v0", "unknown env 'json:Foo-v0': module 'json' was imported but 'Foo-v0'"),
         ("", "non-empty"),
+        # registered, deprecated: it was called "not registered"
+        ("Taxi-v3", "env 'Taxi-v3' is deprecated in gymnasium: .*Please use `Taxi-v4`"),
     ],
 )
 def test_bad_env_ids_raise_clear_errors(env_id, message):
