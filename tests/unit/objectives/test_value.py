@@ -222,9 +222,12 @@ def test_torchrl_gae_options_for_a_drop_in_replacement():
         torch.testing.assert_close(out[key], expected[key], atol=1e-5, rtol=1e-5)
     assert abs(out["advantage"].mean().item()) < 1e-6
     # one step: centred only (its deviation is undefined)
-    assert GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=True)(
-        rollout[:1, :1].clone()
-    )["advantage"].item() == 0.0
+    assert (
+        GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, average_gae=True)(
+            rollout[:1, :1].clone()
+        )["advantage"].item()
+        == 0.0
+    )
     # the options a TorchRL user passes through the loss
     loss = RecurrentPPOLoss(make_agent("lstm").actor, critic)
     loss.make_value_estimator(ValueEstimators.GAE, gamma=GAMMA, lmbda=LMBDA, average_gae=True)
