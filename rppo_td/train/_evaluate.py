@@ -479,7 +479,17 @@ def main(argv: list[str] | None = None) -> int:
         "image_layout: for a checkpoint of an image shape that reads either way, such as "
         "[3, 4, 4], saved before the setting existed (it was then read as channels-last)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch CPU threads, 0 to 4096 (0, the default, keeps torch's default)",
+    )
     args = parser.parse_args(argv)
+    if not 0 <= args.threads <= 4096:
+        parser.error(f"--threads must be in [0, 4096], got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if not args.checkpoint.strip():
         parser.error(
             f"--checkpoint must name a run directory or its checkpoint.pt, got {args.checkpoint!r}"

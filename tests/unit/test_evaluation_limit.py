@@ -9,6 +9,7 @@ import re
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from rppo_td.envs import make_env
 from rppo_td.evaluate import main as eval_main
@@ -128,3 +129,14 @@ def test_rppo_eval_takes_and_checks_the_flag(tmp_path, capsys):
         eval_main(["--checkpoint", str(run), "--max-episode-steps", "0"])
     assert info.value.code == 2
     assert "--max-episode-steps must be >= 1, got 0" in capsys.readouterr().err
+    # --threads, as rppo-train's (rppo-eval had none): set for the run, range checked
+    before = torch.get_num_threads()
+    try:
+        assert eval_main(["--checkpoint", str(run), "--episodes", "1", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(SystemExit) as info:
+        eval_main(["--checkpoint", str(run), "--threads", "-1"])
+    assert info.value.code == 2
+    assert "--threads must be in [0, 4096], got -1" in capsys.readouterr().err
