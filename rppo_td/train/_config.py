@@ -293,9 +293,10 @@ class TrainConfig:
     )
     advantage_eps: float = _doc(
         "added to the advantage std when normalising; a floor that keeps near-zero "
-        "advantages (a solved task) from being blown up to unit scale",
+        "advantages (a solved task) from being blown up to unit scale (0 would divide "
+        "equal advantages by 0)",
         default=1e-8,
-        low=0.0,
+        low=1e-12,
         high=1e6,
     )
     seed: int = _doc(

@@ -555,9 +555,14 @@ class Trainer:
             "collect_s": round(collect, 6),
             "learn_s": round(learn, 6),
             "collect_fps": steps / max(collect, 1e-9),
-            "episode_return_mean": float(np.mean(self.recent)) if self.recent else math.nan,
-            "episode_length_mean": (
-                float(np.mean(self.recent_lengths)) if self.recent_lengths else math.nan
+            # before the first training episode ends: left out (empty cells, no scalar)
+            **(
+                {
+                    "episode_return_mean": float(np.mean(self.recent)),
+                    "episode_length_mean": float(np.mean(self.recent_lengths)),
+                }
+                if self.recent
+                else {}
             ),
             "episodes": self.counters["episodes"],
             "learning_rate": lr,
@@ -686,7 +691,9 @@ class Trainer:
                 bar.update(per_update)
                 bar.set_postfix(
                     fps=f"{row['fps']:.0f}",
-                    ret=f"{row['episode_return_mean']:.1f}",
+                    ret=f"{row['episode_return_mean']:.1f}"
+                    if "episode_return_mean" in row
+                    else "-",
                     time=time_split(row["collect_s"], row["learn_s"]),
                 )
                 done = self.counters["update"]

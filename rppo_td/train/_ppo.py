@@ -204,6 +204,14 @@ class PPOUpdate:
                 "" if self.skipped == count else " (the other steps were taken)",
             )
         means = {name: float(value) / count for name, value in totals.items()}
+        if "explained_variance" in means:
+            # the minibatches' own figure is 1.0 for one-step minibatches and any number for
+            # targets that hardly vary: the rollout's (every rank's) is logged, or nothing
+            explained = rollout_explained_variance(rollout, self.world_size)
+            if explained is None:
+                del means["explained_variance"]
+            else:
+                means["explained_variance"] = explained
         means["epochs"] = epochs
         means["skipped_steps"] = self.skipped
         if self.novelty is not None:
@@ -240,3 +248,29 @@ class PPOUpdate:
         stats["loss_total"] = loss.detach()  # type: ignore[union-attr]
         stats["grad_norm"] = grad_norm.detach()
         return stats
+
+
+def rollout_explained_variance(rollout: TensorDictBase, world_size: int = 1) -> float | None:
+    """How much of the rollout's value targets the values it was collected with explain.
+
+    ``1 - Var(value_target - state_value) / Var(value_target)`` over the ``[W, T]`` rollout's
+    steps (every rank's: one all-reduce of the means, one of the spreads), in float64: the
+    figure stable-baselines3 logs for PPO. None where the targets do not vary (at most
+    ``1e-12`` of their mean square: ``gamma = 0`` on a task paying 1 a step), where it is
+    undefined; every rank gets the same answer.
+    """
+    target = rollout.get("value_target").double()
+    residual = target - rollout.get("state_value").double()  # the advantage
+    centres = {"target": target.mean(), "residual": residual.mean()}
+    if world_size > 1:
+        centres = mean_over_ranks(centres, world_size)
+    spreads = {
+        "target": (target - centres["target"]).square().mean(),
+        "residual": (residual - centres["residual"]).square().mean(),
+        "square": target.square().mean(),
+    }
+    if world_size > 1:
+        spreads = mean_over_ranks(spreads, world_size)
+    if not float(spreads["target"]) > 1e-12 * float(spreads["square"]):
+        return None
+    return 1.0 - float(spreads["residual"]) / float(spreads["target"])

@@ -238,7 +238,7 @@ def test_novelty_bonus_is_for_learning_only(tmp_path):
     rows = _rows(tmp_path / "run")
     assert [float(r["novelty_bonus"]) for r in rows] == [100.0, 50.0] + [0.0] * 6
     for row in rows:
-        if row["episode_return_mean"] != "nan":
+        if row["episode_return_mean"]:
             assert float(row["episode_return_mean"]) == float(row["episode_length_mean"])
         assert 0.0 < float(row["novel_fraction"]) <= 1.0  # float observations rarely repeat
     assert summary is not None and summary["eval_return_mean"] <= 500
@@ -840,3 +840,17 @@ def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
         Trainer(changed)
     with pytest.raises(TypeError, match="Trainer needs a TrainConfig, got dict"):
         Trainer({"total_steps": 256})
+
+
+def test_episode_means_are_empty_until_an_episode_ends(tmp_path):
+    # Pendulum's episodes last 200 steps: 4 updates of 4 x 16 end none (they were "nan",
+    # which a NaN check on metrics.csv took for a fault); then the means are written
+    trainer, _ = _run(tmp_path, env="rppo_td/PendulumNoVel-v1", total_steps=1024, eval_episodes=0)
+    trainer.run()
+    rows = _rows(tmp_path / "run")
+    assert "nan" not in {value for row in rows for value in row.values()}
+    ended = [int(row["episodes"]) > 0 for row in rows]
+    assert ended[:3] == [False] * 3 and ended[-1]
+    for row, some in zip(rows, ended, strict=True):
+        assert bool(row["episode_return_mean"]) == bool(row["episode_length_mean"]) == some
+    assert float(rows[-1]["episode_length_mean"]) == 200.0
