@@ -278,7 +278,9 @@ class RecurrentActor(_ActingModule):
     ``ClipPPOLoss`` and ``rppo_td.RecurrentPPOLoss`` call). The action is sampled under
     ``set_exploration_type(RANDOM)`` (what collectors set) and is the mode under
     ``DETERMINISTIC``/``MODE``/``MEAN``; with neither set, ``default_interaction_type``.
-    See the module docstring for step and recurrent mode.
+    See the module docstring for step and recurrent mode. To act (a rollout, an evaluation),
+    call it under ``torch.no_grad()``: the parameters require grad, and a state carried from
+    step to step would otherwise carry the graph of every step before it.
 
     Args:
         net: the parameters.
@@ -294,7 +296,7 @@ class RecurrentActor(_ActingModule):
         ...                            hidden_size=8)
         >>> td = TensorDict({"observation": torch.zeros(3, 2),
         ...                  "is_init": torch.ones(3, 1, dtype=torch.bool)}, batch_size=[3])
-        >>> with set_exploration_type(ExplorationType.RANDOM):
+        >>> with set_exploration_type(ExplorationType.RANDOM), torch.no_grad():
         ...     td = RecurrentActor(net)(td)
         >>> td["action"].shape, td["action_log_prob"].shape, td["next", "recurrent_state_c"].shape
         (torch.Size([3]), torch.Size([3]), torch.Size([3, 1, 8]))

@@ -223,9 +223,12 @@ def load_agent(
     """The trained agent of a checkpoint, its config and the checkpoint's content.
 
     Reads ``checkpoint.pt`` with ``load_checkpoint`` (no code runs from the file), builds the
-    agent its config describes (``build_agent``), loads the weights, and sets torch's thread
-    count to the run's ``threads``. The agent acts with ``evaluate_agent``, ``record_agent``
-    or, as a TorchRL actor, ``rppo_td.modules.RecurrentActor(agent)``.
+    agent its config describes (``build_agent``) and loads the weights; torch's settings
+    (its thread count included: ``rppo-eval`` sets the run's ``threads``) are left as they
+    are. The agent acts with ``evaluate_agent``, ``record_agent`` or, as a TorchRL actor,
+    ``rppo_td.modules.RecurrentActor(agent)``, under ``torch.no_grad()`` (its parameters
+    require grad, so acting outside it records a graph that the carried state extends at
+    every step).
 
     Args:
         path: ``checkpoint.pt`` or the run directory holding it.
@@ -254,7 +257,6 @@ def load_agent(
                 "it out; it is for checkpoints saved with image_layout 'auto')"
             )
         config = config.replace(image_layout=image_layout)
-    torch.set_num_threads(max(1, config.threads))
     agent = build_agent(config)
     if image_layout is not None and not agent.image_keys:
         # the layout reads uint8 images only: on another run it would be ignored silently
@@ -482,14 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        default=0,
-        help="torch CPU threads, 0 to 4096 (0, the default, keeps torch's default)",
+        help="torch CPU threads, 0 to 4096 (0 keeps torch's default; default: the run's --threads)",
     )
     args = parser.parse_args(argv)
-    if not 0 <= args.threads <= 4096:
+    if args.threads is not None and not 0 <= args.threads <= 4096:
         parser.error(f"--threads must be in [0, 4096], got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if not args.checkpoint.strip():
         parser.error(
             f"--checkpoint must name a run directory or its checkpoint.pt, got {args.checkpoint!r}"
@@ -530,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
             # whose initialisation draws from the same generator, as rppo-eval always did)
             torch.manual_seed(args.seed)
             agent, config, data = load_agent(args.checkpoint, image_layout=args.image_layout)
+            threads = config.threads if args.threads is None else args.threads
+            if threads:  # 0: torch's default, as rppo-train's --threads 0
+                torch.set_num_threads(threads)
             if path is None:
                 result = evaluate_agent(
                     agent,

@@ -129,11 +129,19 @@ def test_rppo_eval_takes_and_checks_the_flag(tmp_path, capsys):
         eval_main(["--checkpoint", str(run), "--max-episode-steps", "0"])
     assert info.value.code == 2
     assert "--max-episode-steps must be >= 1, got 0" in capsys.readouterr().err
-    # --threads, as rppo-train's (rppo-eval had none): set for the run, range checked
+    # --threads, as rppo-train's (rppo-eval had none): it wins over the run's (1), and
+    # load_agent leaves torch's thread count alone (it set the run's, for any caller)
+    from rppo_td.train import load_agent
+
     before = torch.get_num_threads()
     try:
-        assert eval_main(["--checkpoint", str(run), "--episodes", "1", "--threads", "1"]) == 0
-        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        load_agent(run)
+        assert torch.get_num_threads() == 2
+        assert eval_main(["--checkpoint", str(run), "--episodes", "1"]) == 0
+        assert torch.get_num_threads() == 1  # the run's --threads
+        assert eval_main(["--checkpoint", str(run), "--episodes", "1", "--threads", "2"]) == 0
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
     with pytest.raises(SystemExit) as info:
