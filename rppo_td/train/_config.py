@@ -205,8 +205,9 @@ class TrainConfig:
     )
     normalizer_steps: int = _doc(
         "env steps during which the observation statistics are updated, then frozen "
-        "(0: all run long); frozen stats keep a solved policy's inputs from drifting as "
-        "its observations narrow",
+        "(0: all run long); they take whole rollouts, so they freeze after the first "
+        "update that reaches this count; frozen stats keep a solved policy's inputs from "
+        "drifting as its observations narrow",
         default=0,
         low=0,
     )
