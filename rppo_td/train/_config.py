@@ -511,6 +511,12 @@ class TrainConfig:
                 f"{CLIP_FLOOR}",
             ),
             (
+                "learning_rate",
+                self.learning_rate == 0,
+                "leaves the network as it is (the updates take steps of size 0; only the "
+                "observation statistics and the optimizer's moments change)",
+            ),
+            (
                 "advantage_eps",
                 not self.normalize_advantage,
                 "is the advantage normalisation's epsilon, which is off "

@@ -452,6 +452,8 @@ def test_an_env_of_ones_own_that_cannot_be_built_is_a_setting_error(monkeypatch,
         ({"epochs": 1, "target_kl": 0.02}, "target_kl=0.02 stops an update"),
         # the update raised it to 0.001 in silence (old runs' 0.0 still load)
         ({"clip_epsilon": 0.0}, "clip_epsilon=0.0 is below 0.001"),
+        # trained nothing, in silence
+        ({"learning_rate": 0.0}, "learning_rate=0.0 leaves the network as it is"),
     ],
 )
 def test_settings_left_unused_are_warned_of(settings, unused, tmp_path, caplog):
