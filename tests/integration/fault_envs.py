@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import gymnasium as gym
 
@@ -55,6 +56,20 @@ class Dies(Flaky):
         return self.env.step(action)
 
 
+STEP_SLEEP = "RPPO_TD_TEST_STEP_SLEEP"
+
+
+class Slow(gym.Wrapper):
+    """The built-in task; each step first sleeps ``$STEP_SLEEP`` seconds (none if unset)."""
+
+    def __init__(self) -> None:
+        super().__init__(gym.make(CARTPOLE_NOVEL_ID))
+
+    def step(self, action):
+        time.sleep(float(os.environ.get(STEP_SLEEP, "0")))
+        return self.env.step(action)
+
+
 class Unpicklable(gym.Wrapper):
     """The built-in task holding a lock, which cannot be pickled."""
 
@@ -64,6 +79,11 @@ class Unpicklable(gym.Wrapper):
 
 
 register_envs()  # the wrappers gym.make the built-in task
-for _name, _entry in (("Flaky", Flaky), ("Dies", Dies), ("Unpicklable", Unpicklable)):
+for _name, _entry in (
+    ("Flaky", Flaky),
+    ("Dies", Dies),
+    ("Slow", Slow),
+    ("Unpicklable", Unpicklable),
+):
     if f"rppo_td_fault/{_name}-v0" not in gym.registry:
         gym.register(id=f"rppo_td_fault/{_name}-v0", entry_point=_entry)

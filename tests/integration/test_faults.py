@@ -521,14 +521,18 @@ def test_a_stale_env_file_that_cannot_be_removed_does_not_stop_the_run(
 def test_sigint_in_the_final_evaluation_of_a_background_run(tmp_path):
     # a shell starts `rppo-train ... &` with SIGINT ignored: the trainer stopped on a
     # `kill -INT` while it trained, but its final evaluation ignored it (for minutes)
+    # an env whose steps take 10 ms: the evaluation of 50 episodes lasts seconds (5000 fast
+    # ones were over within the 0.5 s below on a quick machine, and the run ended 0)
     out = tmp_path / "run"
-    args = _command(out, "--total-steps", "16", "--eval-episodes", "5000")
+    slow = "tests.integration.fault_envs:rppo_td_fault/Slow-v0"
+    args = _command(out, "--env", slow, "--total-steps", "16", "--eval-episodes", "50")
     proc = subprocess.Popen(
         args,
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "RPPO_TD_TEST_STEP_SLEEP": "0.01"},
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     # the last update's row and checkpoint (renamed into place whole): the evaluation is next

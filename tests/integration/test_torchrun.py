@@ -120,10 +120,12 @@ logged, own = [], []
 call, mean = _ppo.PPOUpdate.__call__, _ppo.mean_over_ranks
 def record_call(self, rollout, *, clip_epsilon):
     out = call(self, rollout, clip_epsilon=clip_epsilon)
-    logged.append({k: v for k, v in out.items() if k.startswith("loss_") or k == "epochs"})
+    kept = ("epochs", "explained_variance")
+    logged.append({k: v for k, v in out.items() if k.startswith("loss_") or k in kept})
     return out
 def record_mean(values, world_size):
-    own.append({k: float(v) for k, v in values.items()})
+    if any(k.startswith("loss_") for k in values):  # not the explained variance's sums
+        own.append({k: float(v) for k, v in values.items()})
     return mean(values, world_size)
 _ppo.PPOUpdate.__call__, _ppo.mean_over_ranks = record_call, record_mean
 config = TrainConfig(total_steps=512, num_workers=4, rollout_steps=16, hidden_size=16,
@@ -151,7 +153,9 @@ def test_the_logged_loss_is_the_loss_over_every_rank(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (logged0, own0), (logged1, own1) = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(logged0) == len(own0) == 4 and logged0 == logged1  # every rank logs the same
+    # every rank logs the same, the rollout's explained variance (every rank's) too
+    assert len(logged0) == len(own0) == 4 and logged0 == logged1
+    assert all("explained_variance" in row for row in logged0)
     assert any(own0[u]["loss_critic"] != own1[u]["loss_critic"] for u in range(4))
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     header = rows[0].split(",")

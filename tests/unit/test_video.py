@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import struct
 import sys
 import warnings
 
@@ -349,6 +350,7 @@ def test_an_mp4_that_ffmpeg_leaves_unfinished_is_refused_and_the_old_file_kept(
 ):
     """ffmpeg failing at the end (a full disk: no index written) exits with an error that
     imageio-ffmpeg does not read; the file is checked instead, and the old video stays."""
+    pytest.importorskip("imageio_ffmpeg")  # the video extra, not the test one
     from rppo_td.train import _video
 
     path = tmp_path / "old.mp4"
@@ -379,6 +381,30 @@ def test_an_mp4_that_ffmpeg_leaves_unfinished_is_refused_and_the_old_file_kept(
     for end in range(0, len(whole), 7):
         cut.write_bytes(whole[:end])
         assert checked(cut) is not None, end
+
+
+def test_the_mp4_box_chain_check_without_ffmpeg(tmp_path):
+    """mp4_problem on box chains built here (the test extra has no ffmpeg to write one)."""
+    from rppo_td.train._video import mp4_problem
+
+    def box(kind: bytes, payload: bytes = b"", wide: bool = False) -> bytes:
+        if wide:  # size 1: the real size in the 8 bytes after the type
+            return struct.pack(">I4sQ", 1, kind, 16 + len(payload)) + payload
+        return struct.pack(">I4s", 8 + len(payload), kind) + payload
+
+    whole = box(b"ftyp", b"isom") + box(b"mdat", b"x" * 40, wide=True) + box(b"moov", b"y" * 9)
+    path = tmp_path / "v.mp4"
+    path.write_bytes(whole)
+    assert mp4_problem(path) is None
+    for end in range(len(whole)):  # every cut is found
+        path.write_bytes(whole[:end])
+        assert mp4_problem(path) is not None, end
+    path.write_bytes(box(b"ftyp") + box(b"mdat", b"x"))
+    assert mp4_problem(path) == "no moov box"
+    path.write_bytes(whole[:-1] + b"z" + b"extra")  # a box past the end of the file
+    assert mp4_problem(path) is not None
+    path.write_bytes(box(b"ftyp") + struct.pack(">I4s", 0, b"mdat") + b"rest" + box(b"moov"))
+    assert mp4_problem(path) == "no moov box"  # size 0: the last box runs to the end
 
 
 def test_gif_frames_keep_time_at_rates_that_are_not_whole_hundredths(tmp_path):
