@@ -31,8 +31,10 @@ _isfinite = math.isfinite
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def storable_squares(obs: np.ndarray) -> bool:
-    """Whether every entry of float array ``obs`` is sure to stay finite as float32.
+def storable_squares(obs: Any) -> bool:
+    """Whether every entry of float observation ``obs`` is sure to stay finite as float32.
+
+    ``obs``: an array, or what a ``Box`` space takes for one (a list, a number).
 
     One BLAS call (``np.vdot``, cheaper than ``np.isfinite(obs).all()``): the sum of squares is
     finite only if every entry is, and at most float32's largest value squared only if every
@@ -40,6 +42,8 @@ def storable_squares(obs: np.ndarray) -> bool:
     False does not mean a problem: an overflowing sum is checked entry by entry
     (``observation_problem``).
     """
+    if type(obs) is not np.ndarray:
+        obs = np.asarray(obs)
     squares = np.vdot(obs, obs)
     return math.isfinite(squares) and (obs.dtype.itemsize <= 4 or squares <= _FLOAT32_SQUARED)
 
@@ -47,9 +51,19 @@ def storable_squares(obs: np.ndarray) -> bool:
 _FLOAT32_SQUARED = _FLOAT32_MAX * _FLOAT32_MAX
 
 
+# the magnitude from which float32 rounds to inf: its largest value plus half its last step
+# (2**104 / 2; a tie rounds to the even neighbour, inf); below it, to the largest value
+_FLOAT32_EDGE = _FLOAT32_MAX + 2.0**103
+
+
+def _becomes_inf(arr: np.ndarray) -> bool:
+    """Whether finite float ``arr`` (wider than float32) holds a value float32 makes inf."""
+    return bool(np.abs(arr).max() >= _FLOAT32_EDGE)
+
+
 def _storable(reward: Any) -> bool:
     """A real reward that stays finite as float32 (False for NaN and inf too)."""
-    return bool(-_FLOAT32_MAX <= reward <= _FLOAT32_MAX)
+    return bool(-_FLOAT32_EDGE < reward < _FLOAT32_EDGE)
 
 
 _ARRAY_SPACES = (
@@ -171,7 +185,7 @@ def observation_problem(obs: Any, space: gym.Space, label: str = "observation") 
         arr = np.asarray(obs)
         if not np.isfinite(arr).all():
             return f"{label} contains NaN or inf: {short_repr(arr)}"
-        if arr.size and arr.dtype.itemsize > 4 and float(np.abs(arr).max()) > _FLOAT32_MAX:
+        if arr.size and arr.dtype.itemsize > 4 and _becomes_inf(arr):
             return (
                 f"{label} holds {float(arr.flat[np.abs(arr).argmax()])!r}, beyond float32's "
                 f"range (magnitude at most {_FLOAT32_MAX:.4g}), the dtype rollouts store "
@@ -342,7 +356,7 @@ class EnvChecker(gym.Wrapper):
                 raise self._error(f"in step(), {problem}")
         if not _isfinite(reward):
             raise self._error(f"in step(), reward is {reward!r}, expected a finite number")
-        if abs(reward) > _FLOAT32_MAX:
+        if abs(reward) >= _FLOAT32_EDGE:
             raise self._error(
                 f"in step(), reward is {reward!r}, beyond float32's range (magnitude at most "
                 f"{_FLOAT32_MAX:.4g}), the dtype rollouts store rewards in: it would be inf; "

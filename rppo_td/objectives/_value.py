@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import NestedKey, TensorDictBase
 from tensordict.nn import composite_lp_aggregate, skip_existing
@@ -177,7 +178,7 @@ class GAEEstimator(ValueEstimatorBase):
             "skip_existing": skip_existing,
             "vectorized": vectorized,
         }.items():
-            if not isinstance(value, bool) and (value is not None or name in options):
+            if not isinstance(value, bool | np.bool_) and (value is not None or name in options):
                 allowed = "True or False" + ("" if name in options else " or None")
                 raise TypeError(f"GAEEstimator's {name} must be {allowed}, got {value!r}")
         if differentiable:
@@ -189,8 +190,8 @@ class GAEEstimator(ValueEstimatorBase):
         self.gamma = float(gamma)
         self.lmbda = float(lmbda)
         self.time_dim = time_dim
-        self.average_gae = average_gae
-        self.skip_existing = skip_existing
+        self.average_gae = bool(average_gae)
+        self.skip_existing = None if skip_existing is None else bool(skip_existing)
 
     def forward(
         self,

@@ -19,6 +19,8 @@ A rollout is a TensorDict with batch ``[W, T]`` keyed as in ``rppo_td.RolloutKey
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -305,10 +307,11 @@ def reference_minibatch_sizes(lengths: list[int], num_minibatches: int) -> list[
     ``balanced_minibatches`` gives).
     """
     n, m = len(lengths), num_minibatches
-    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= n:
+    if isinstance(m, bool) or not isinstance(m, numbers.Integral) or not 1 <= m <= n:
         raise ValueError(
             f"num_minibatches must be an int in [1, {n}] (the number of sequences), got {m!r}"
         )
+    m = int(m)  # numpy's integers too, as balanced_minibatches takes them
     counts = [0]
     for length in lengths:
         counts.append(counts[-1] + length)

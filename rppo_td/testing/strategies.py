@@ -34,8 +34,11 @@ Example:
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from hypothesis import strategies as st
 from tensordict import NestedKey, TensorDict
@@ -114,9 +117,16 @@ def _check_strategy(name: str, value: object) -> None:
         )
 
 
+def _is_flag(value: object) -> bool:
+    """A bool, numpy's bool, or an integer 0 or 1 (not a str, whose truth is its length)."""
+    if isinstance(value, bool | np.bool_):
+        return True
+    return isinstance(value, numbers.Integral) and value in (0, 1)
+
+
 def _check_bool(name: str, value: object) -> None:
-    """A flag given by the caller, refused by name unless a ``bool``."""
-    if not isinstance(value, bool):
+    """A flag given by the caller, refused by name unless ``_is_flag``."""
+    if not _is_flag(value):
         raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
@@ -124,6 +134,13 @@ def _check_drawn(name: str, value: object, expected: type | tuple[type, ...], wh
     """A value drawn from a caller's strategy, refused by name unless of ``expected`` type."""
     if not isinstance(value, expected):
         raise TypeError(f"rollouts' {name} strategy must draw {what}, drew {value!r}")
+
+
+def _check_drawn_flag(name: str, value: object) -> bool:
+    """A flag drawn from a caller's strategy, as a ``bool`` (refused by name unless one)."""
+    if not _is_flag(value):
+        raise TypeError(f"rollouts' {name} strategy must draw True or False, drew {value!r}")
+    return bool(value)
 
 
 @st.composite
@@ -145,15 +162,16 @@ def observation_specs(
 ) -> st.SearchStrategy[dict[NestedKey, FeatureSpec]]:
     """Observation keys (from ``OBSERVATION_KEYS``) mapped to their per-step spec.
 
-    ``0 <= min_keys <= max_keys <= len(OBSERVATION_KEYS)`` (5), ints (else a ``ValueError``
-    names the parameter).
+    ``min_keys`` and ``max_keys`` are ints with ``0 <= min_keys <= max_keys`` and ``min_keys``
+    at most ``len(OBSERVATION_KEYS)`` (5; else a ``ValueError`` names the parameter); at most
+    5 keys are drawn whatever ``max_keys``.
     """
     check_int_at_least("min_keys", min_keys, 0)
-    check_int_at_least("max_keys", max_keys, max(min_keys, 1))
-    if max_keys > len(OBSERVATION_KEYS):
+    check_int_at_least("max_keys", max_keys, min_keys)
+    if min_keys > len(OBSERVATION_KEYS):
         raise ValueError(
-            f"max_keys must be at most {len(OBSERVATION_KEYS)} (the keys of OBSERVATION_KEYS), "
-            f"got {max_keys}"
+            f"min_keys must be at most {len(OBSERVATION_KEYS)} (the keys of OBSERVATION_KEYS), "
+            f"got {min_keys}"
         )
     return st.dictionaries(
         st.sampled_from(OBSERVATION_KEYS), _feature_specs(), min_size=min_keys, max_size=max_keys
@@ -398,19 +416,18 @@ def _rollouts(
             raise ValueError(f"rollouts' {name} strategy must draw ints >= 1, drew {drawn!r}")
     batch = (workers, steps)
     observation_spec = draw(strategies["observations"], label="observations")
-    _check_drawn("observations", observation_spec, dict, "a dict of FeatureSpec")
+    _check_drawn("observations", observation_spec, Mapping, "a mapping of keys to FeatureSpec")
     for key, spec in observation_spec.items():
         _check_drawn("observations", spec, FeatureSpec, f"a FeatureSpec for {key!r}")
     action = draw(strategies["actions"], label="action")
     _check_drawn("actions", action, ActionSpec, "an ActionSpec")
     state = draw(strategies["recurrent"], label="recurrent")
     _check_drawn("recurrent", state, (RecurrentSpec, type(None)), "a RecurrentSpec or None")
-    done_key = draw(strategies["with_done"], label="with done")
-    _check_drawn("with_done", done_key, bool, "True or False")
+    done_key = _check_drawn_flag("with_done", draw(strategies["with_done"], label="with done"))
     is_init_key = True
     if not extra_starts:
-        is_init_key = draw(strategies["with_is_init"], label="with is_init")
-        _check_drawn("with_is_init", is_init_key, bool, "True or False")
+        drawn = draw(strategies["with_is_init"], label="with is_init")
+        is_init_key = _check_drawn_flag("with_is_init", drawn)
     ends = episode_ends(workers, steps, end_rate, allow_both)
     terminated, truncated = draw(ends, label="ends")
     first_is_init = draw(

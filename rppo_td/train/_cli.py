@@ -165,9 +165,12 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         kind, choices = _parse_type(hints[f.name])
         low, high = f.metadata.get("low"), f.metadata.get("high")
+        above = f.metadata.get("above")
         bounds = ""
         if low is not None:
             bounds = f"; >= {low}" if high is None else f"; {low} to {high}"
+        elif above is not None:
+            bounds = f"; > {above}" if high is None else f"; > {above}, at most {high}"
         help_text = f"{f.metadata.get('help', '')} (default: {f.default!r}{bounds})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)

@@ -43,10 +43,15 @@ def _doc(
     default: Any,
     low: float | None = None,
     high: float | None = None,
+    above: float | None = None,
     choices: tuple[str, ...] | None = None,
 ) -> Any:
-    """A field with its help, default, inclusive bounds and choices in one place."""
-    metadata = {"help": text, "low": low, "high": high, "choices": choices}
+    """A field with its help, default, bounds and choices in one place.
+
+    ``low`` and ``high`` are inclusive; ``above`` is an exclusive lower bound (in place of
+    ``low``).
+    """
+    metadata = {"help": text, "low": low, "high": high, "above": above, "choices": choices}
     return field(default=default, metadata=metadata)
 
 
@@ -116,9 +121,14 @@ def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
         ok = ok and math.isfinite(value)
         what = "a finite number"
+    above = meta.get("above")
     ok = ok and (low is None or value >= low) and (high is None or value <= high)
+    ok = ok and (above is None or value > above)
     if not ok:
-        bound = f" >= {low}" if high is None else f" in [{low}, {high}]"
+        if above is not None:
+            bound = f" > {above}" if high is None else f" in ({above}, {high}]"
+        else:
+            bound = f" >= {low}" if high is None else f" in [{low}, {high}]"
         raise ValueError(f"{name} must be {what}{bound}, got {value!r}")
 
 
@@ -297,7 +307,7 @@ class TrainConfig:
         "advantages (a solved task) from being blown up to unit scale (0 would divide "
         "equal advantages by 0)",
         default=1e-8,
-        low=1e-12,
+        above=0.0,
         high=1e6,
     )
     seed: int = _doc(

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
@@ -243,6 +244,29 @@ def test_both_flags_on_one_step_are_drawn_when_allowed():
     find(ends, lambda flags: bool((flags[0] & flags[1]).any()), settings=_FIND)
 
 
+def test_what_the_checks_must_not_refuse():
+    # numpy's bools and ints, any mapping, no observation keys, more keys than the pool:
+    # each worked before the checks, and works
+    from types import MappingProxyType
+
+    from rppo_td.testing.reference import reference_minibatch_sizes
+
+    spec = MappingProxyType({"observation": FeatureSpec((2,), torch.float32)})
+    strategy = rollouts(
+        with_done=st.sampled_from(np.array([True, False])),
+        with_is_init=st.just(np.True_),
+        observations=st.just(spec),
+        extra_starts=np.False_,
+    )
+    td = find(strategy, lambda td: True)
+    assert td["observation"].shape == (*td.batch_size, 2) and td.get("is_init") is not None
+    assert find(rollouts(observations=observation_specs(0, 0)), lambda td: True) is not None
+    assert len(find(observation_specs(max_keys=8), lambda obs: len(obs) == 5)) == 5
+    for flag in (np.False_, 0, 1):
+        recurrent_specs(flag), sequence_lengths(5, flag)
+    assert reference_minibatch_sizes([3, 2, 4], np.int64(2)) == [2, 1]
+
+
 @pytest.mark.parametrize(
     ("strategy", "error", "message"),
     [
@@ -264,7 +288,7 @@ def test_both_flags_on_one_step_are_drawn_when_allowed():
             "recurrent strategy must draw a RecurrentSpec",
         ),
         (dict(actions=st.just("discrete")), TypeError, "actions strategy must draw an ActionSpec"),
-        (dict(with_done=st.just(0)), TypeError, "with_done strategy must draw True or False"),
+        (dict(with_done=st.just("no")), TypeError, "with_done strategy must draw True or False"),
         (dict(observations=st.just({"observation": (3,)})), TypeError, "a FeatureSpec for"),
     ],
 )
@@ -281,12 +305,12 @@ def test_wrong_draws_are_refused_by_name(strategy, error, message):
         (lambda: rollouts(end_rate=-1), ValueError, "end_rate must be an int >= 0, got -1"),
         (lambda: rollouts(end_rate="x"), ValueError, "end_rate must be an int >= 0, got 'x'"),
         (lambda: rollouts(num_workers=2), TypeError, r"num_workers must be a hypothesis"),
-        (lambda: rollouts(extra_starts=1), TypeError, "extra_starts must be True or False"),
+        (lambda: rollouts(extra_starts="yes"), TypeError, "extra_starts must be True or False"),
         (lambda: rollouts(allow_both="yes"), TypeError, "allow_both must be True or False"),
         # each failed in hypothesis, naming min_size / max_size (or, for 6 keys of 5, nothing)
         (lambda: observation_specs(-1), ValueError, "min_keys must be an int >= 0, got -1"),
         (lambda: observation_specs(3, 1), ValueError, "max_keys must be an int >= 3, got 1"),
-        (lambda: observation_specs(1, 6), ValueError, "max_keys must be at most 5"),
+        (lambda: observation_specs(6, 6), ValueError, "min_keys must be at most 5"),
         # a str was taken as True
         (lambda: recurrent_specs(allow_none="no"), TypeError, "allow_none must be True or False"),
         (lambda: sequence_lengths(allow_none="no"), TypeError, "allow_none must be True or False"),

@@ -88,7 +88,7 @@ def test_config_file_then_flags(tmp_path):
         (["--env", "no_such_module_xyz:Foo-v0"], "cannot import module"),
         (["--gamma", "1.5"], "--gamma must be a finite number in [0.0, 1.0]"),
         # 0 was in the help's range, then refused by the loss as normalize_advantage_eps
-        (["--advantage-eps", "0"], "--advantage-eps must be a finite number in [1e-12, "),
+        (["--advantage-eps", "0"], "--advantage-eps must be a finite number in (0.0, 1000000.0]"),
         (["--recurrence", "rnn"], "invalid choice: 'rnn'"),
         (["--total-steps", "ten"], "invalid int value: 'ten'"),
         (["--total-steps", "100"], "less than one rollout"),

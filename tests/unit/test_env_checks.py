@@ -355,3 +355,33 @@ def test_checked_vector_env_pickles_its_sub_envs():
     env.reset(seed=0)
     env.envs = pickle.loads(pickle.dumps(env.envs))
     env.step(np.zeros(2, dtype=np.int64))
+
+
+class _ListObsEnv(gym.Env):
+    """A float Box whose observations are lists, numbers' edge included (Box takes lists)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), dtype=np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return [0.1, 0.2], {}
+
+    def step(self, action):
+        self.t += 1
+        # float32's largest as numpy prints it: float32 rounds it down, finite
+        return [3.4028235e38, -1e30], 1.0, self.t >= 3, False, {}
+
+
+def test_observations_the_float32_check_must_take():
+    # a list failed with AttributeError ('list' has no dtype) in the new check's fast path
+    if "rppo_td_test/ListObs-v0" not in gym.registry:
+        gym.register("rppo_td_test/ListObs-v0", entry_point=_ListObsEnv)
+    env = make_env("rppo_td_test/ListObs-v0")
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step(0)
+    vector = make_vector_env("rppo_td_test/ListObs-v0", 2)
+    vector.reset(seed=0)
+    for _ in range(5):
+        vector.step(np.zeros(2, dtype=np.int64))
