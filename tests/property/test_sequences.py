@@ -64,7 +64,7 @@ def _assert_tds_equal(actual, expected):
         assert torch.equal(a, e), key
 
 
-@given(td=rollouts(allow_both=True), sequence_length=sequence_lengths())
+@given(td=rollouts(allow_both=True, with_done=st.booleans()), sequence_length=sequence_lengths())
 def test_padder_matches_reference(td, sequence_length):
     chunked = _chunk(td, sequence_length)
     assert torch.equal(chunked["episode_id"], reference_episode_ids(td))
