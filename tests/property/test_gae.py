@@ -42,6 +42,19 @@ def test_gae_matches_reference(td, gamma, lmbda):
     _close(target, expected_target)
 
 
+@given(
+    td=rollouts(extra_starts=True, with_done=st.booleans()), gamma=discounts(), lmbda=discounts()
+)
+def test_gae_cuts_where_is_init_alone_starts_an_episode(td, gamma, lmbda):
+    # is_init True without a done before it (a reset the rollout did not flag): the sum is cut
+    # there and bootstraps, as the reference does (one hand-written unit test alone caught
+    # a GAE that ignored these cuts: mutation probe)
+    advantage, target = _gae(td, gamma, lmbda)
+    expected_advantage, expected_target = reference_gae(td, gamma, lmbda)
+    _close(advantage, expected_advantage)
+    _close(target, expected_target)
+
+
 @given(td=rollouts(num_steps=st.integers(1, 40), end_rate=20), gamma=discounts(), lmbda=discounts())
 def test_gae_matches_reference_on_long_episodes(td, gamma, lmbda):
     advantage, _ = _gae(td, gamma, lmbda)
