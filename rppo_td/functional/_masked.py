@@ -63,7 +63,9 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
     Padding positions are returned as zero. Normalising over padded zeros would bias both
     statistics towards zero, the more so the more padding a batch holds. An all-False mask
     leaves nothing to normalise: every position is padding, so the result is all zero. Real
-    steps that are all equal give 0 (NaN with ``eps = 0``: 0 / 0). The statistics are
+    steps that are all equal (one real step included) give 0, with ``eps = 0`` too, and a
+    finite gradient (``(x - mean) / eps`` there: the deviation is not differentiable at 0,
+    and its square root's inf derivative is not used). The statistics are
     computed in float64 (float32 on MPS) whatever ``x``'s dtype: float16 sums overflow, and
     float32 rounding left equal steps at about 0.75 instead of 0. The result has ``x``'s
     dtype.
@@ -94,6 +96,12 @@ def masked_normalize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> 
     # one corrective pass: float64 input has no wider type to sum in
     mean = mean + torch.where(full, values - mean, 0.0).sum() / count
     centred = torch.where(full, values - mean, 0.0)
-    # population variance over real steps; a single real step leaves x - mean = 0
-    std = (centred.square().sum() / count).sqrt()
-    return (centred / (std + eps)).to(x.dtype)
+    # population variance over real steps; a single real step leaves x - mean = 0. Where it
+    # is 0 the square root's gradient is inf (times 0: NaN), so it is taken of 1 there
+    variance = centred.square().sum() / count
+    spread = variance > 0
+    std = torch.where(spread, torch.where(spread, variance, 1.0).sqrt(), 0.0)
+    # no spread and eps = 0: every position's centred value is 0, and so is the result
+    # (0 / 0 gave NaN, padding included)
+    denominator = std + eps
+    return (centred / torch.where(denominator > 0, denominator, 1.0)).to(x.dtype)

@@ -53,6 +53,18 @@ def test_masked_normalize_of_equal_real_steps_is_zero(dtype, value):
     assert masked_normalize(x, mask).abs().max() == 0
 
 
+@pytest.mark.parametrize("eps", [1e-8, 0.0])
+@pytest.mark.parametrize("real", [[True, True, False], [True, False, False]])
+def test_no_spread_gives_zero_and_a_finite_gradient(real, eps):
+    # equal real steps, or one: the gradient was NaN (the square root's at 0), and with
+    # eps = 0 every position, padding included, was NaN (0 / 0)
+    x = torch.tensor([[2.0, 2.0, 5.0]], requires_grad=True)
+    out = masked_normalize(x, torch.tensor([real]), eps=eps)
+    assert out.tolist() == [[0.0, 0.0, 0.0]]
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad[0, 2] == 0
+
+
 def test_mask_checks():
     with pytest.raises(
         ValueError,
