@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import nn
@@ -32,7 +35,7 @@ class ObservationNormalizer(nn.Module):
 
     Args:
         leaves: from ``observation_leaves``.
-        clip: bound of the normalised values.
+        clip: bound of the normalised values, a finite number > 0.
         center: subtract the running mean too (a standardisation).
 
     Example:
@@ -68,7 +71,9 @@ class ObservationNormalizer(nn.Module):
         self.shapes: dict = {
             key: tuple(space.shape or ()) for key, space in leaves if key in self.keys
         }
-        self.clip = clip
+        if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not 0 < clip < math.inf:
+            raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
+        self.clip = float(clip)
         self.center = center
         for i, key in enumerate(self.keys):
             shape = self.shapes[key]
@@ -103,7 +108,8 @@ class ObservationNormalizer(nn.Module):
             return obs
         out = obs.copy()
         for i, key in enumerate(self.keys):
-            x = obs.get(key)
+            x = obs.get(key).float()  # float32 out, whatever the leaf's dtype (a 0-dim scale
+            # would not promote a float16 leaf; a float64 one stayed float64)
             if self.center:
                 x = x - getattr(self, f"shift_{i}")
             out.set(key, (x * getattr(self, f"scale_{i}")).clamp_(-self.clip, self.clip))
@@ -142,18 +148,37 @@ class ObservationNormalizer(nn.Module):
         leaves = [self._checked_leaf(obs, key) for key in self.keys]
         if leaves[0].numel() == 0:
             return  # no observation: nothing to merge (the mean of none is NaN)
-        n = 0
-        for i, (key, leaf) in enumerate(zip(self.keys, leaves, strict=True)):
-            x = leaf.reshape(-1, *self.shapes[key]).to(torch.float64)
-            n = x.shape[0]
+        rows = [
+            leaf.reshape(-1, *self.shapes[key]) for key, leaf in zip(self.keys, leaves, strict=True)
+        ]
+        counts = {key: x.shape[0] for key, x in zip(self.keys, rows, strict=True)}
+        if len(set(counts.values())) > 1:  # one count serves every leaf
+            raise ValueError(
+                f"ObservationNormalizer.update: the observations hold different numbers of "
+                f"rows {counts}; nothing was merged"
+            )
+        n = rows[0].shape[0]
+        total = self.count + n
+        merged = []
+        for i, (key, x) in enumerate(zip(self.keys, rows, strict=True)):
+            x = x.to(torch.float64)
             mean, var = getattr(self, f"mean_{i}"), getattr(self, f"var_{i}")
             batch_mean, batch_var = x.mean(0), x.var(0, unbiased=False)
-            total = self.count + n
             delta = batch_mean - mean
             new_mean = mean + delta * n / total
-            m2 = var * self.count + batch_var * n + delta.square() * self.count * n / total
+            # the weights first: a first update (count 0) must not meet an inf delta**2
+            m2 = var * self.count + batch_var * n + delta.square() * (self.count * n / total)
+            new_var = m2 / total
+            if not bool(torch.isfinite(new_var).all() and torch.isfinite(new_mean).all()):
+                raise ValueError(
+                    f"ObservationNormalizer.update: observation {key!r} holds values whose "
+                    "squares overflow float64 (|x| near 1e154 or more): the running statistics "
+                    "would be inf or NaN for good; nothing was merged"
+                )
+            merged.append((mean, var, new_mean, new_var))
+        for mean, var, new_mean, new_var in merged:
             mean.copy_(new_mean)
-            var.copy_(m2 / total)
+            var.copy_(new_var)
         self.count += n
         self._refresh()
 

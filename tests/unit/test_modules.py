@@ -776,6 +776,41 @@ def test_a_normaliser_update_refuses_what_it_would_merge_wrongly():
     assert one.count.item() == 2 and one.mean_0.tolist() == [2.0]
 
 
+def test_the_normaliser_refuses_an_overflow_a_bad_clip_and_gives_float32():
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    # finite float64 values whose squares overflow: the variance was NaN for good
+    wide = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    norm = ObservationNormalizer(observation_leaves(wide))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    huge = torch.tensor([[2e154, 0.0], [-2e154, 1.0]], dtype=torch.float64)
+    with pytest.raises(ValueError, match="'observation' holds values whose squares overflow"):
+        norm.update(TensorDict({"observation": huge}, [2]))
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    # a negative clip made every output -1, NaN every output NaN
+    for clip in (-1.0, float("nan"), None, 0):
+        with pytest.raises(ValueError, match="clip must be a finite number > 0"):
+            ObservationNormalizer(observation_leaves(wide), clip=clip)
+    # float32 out, as documented: a float64 leaf stayed float64, a float16 one of a ()-shaped
+    # space stayed float16 (a 0-dim scale does not promote)
+    assert (
+        norm(TensorDict({"observation": huge / 1e150}, [2]))["observation"].dtype == torch.float32
+    )
+    scalar = ObservationNormalizer(observation_leaves(gym.spaces.Box(-1.0, 1.0, ())))
+    half = TensorDict({"observation": torch.ones(3, dtype=torch.float16)}, [3])
+    assert scalar(half)["observation"].dtype == torch.float32
+    # leaves of a Dict space with different row counts shared one count
+    two = gym.spaces.Dict(
+        {"a": gym.spaces.Box(-1.0, 1.0, (1,)), "b": gym.spaces.Box(-1.0, 1.0, (2,))}
+    )
+    both = ObservationNormalizer(observation_leaves(two))
+    rows = TensorDict({"observation": {"a": torch.zeros(4, 5), "b": torch.zeros(4, 2)}}, [4])
+    with pytest.raises(ValueError, match=r"different numbers of rows .*: 20, .*: 4\}"):
+        both.update(rows)
+    assert both.count.item() == 0
+
+
 def test_a_reset_zeroes_even_a_nan_stored_state():
     net = RecurrentActorCritic(BOX, gym.spaces.Discrete(2), hidden_size=4)
     td = TensorDict(
