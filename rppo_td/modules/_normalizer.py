@@ -73,8 +73,8 @@ class ObservationNormalizer(nn.Module):
         }
         if isinstance(clip, bool) or not isinstance(clip, numbers.Real) or not 0 < clip < math.inf:
             raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
-        self.clip = float(clip)
-        self.center = center
+        self.clip: float = float(clip)
+        self.center: bool = center
         for i, key in enumerate(self.keys):
             shape = self.shapes[key]
             self.register_buffer(f"mean_{i}", torch.zeros(shape, dtype=torch.float64))
