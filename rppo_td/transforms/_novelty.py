@@ -140,6 +140,28 @@ class EpisodicNoveltyBonus(RolloutTransform):
             return [key for pair in self._observation_pairs() for key in pair] + own
         return [*own, self.novel_key]
 
+    def _follow(self, keys: RolloutKeys) -> None:
+        """``RolloutTransform._follow``, refusing first a key field set to an observation key.
+
+        ``set_keys(is_init="observation")`` read the observation as ``is_init``, silently; a
+        key field moved onto ``novel_key`` is refused here too (not at the next call).
+        """
+        observed = {as_path(key) for pair in self._observation_pairs() for key in pair}
+        for name in self._in_fields:
+            key = getattr(keys, name)
+            if as_path(key) in observed:
+                raise ValueError(
+                    f"EpisodicNoveltyBonus: {name}={key!r} is one of the observation keys it "
+                    f"hashes ({self.observation_keys}, and under 'next'); give it a key of its "
+                    "own"
+                )
+            if as_path(key) == as_path(self.novel_key):
+                raise ValueError(
+                    f"EpisodicNoveltyBonus: novel_key={self.novel_key!r} is a key it reads (its "
+                    f"{name}); give the flags a key of their own"
+                )
+        super()._follow(keys)
+
     def _check_novel_key(self) -> None:
         """``novel_key`` must not be a key the bonus reads (writing it would clobber it)."""
         if as_path(self.novel_key) in {as_path(key) for key in self.in_keys}:

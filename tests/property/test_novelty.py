@@ -283,9 +283,15 @@ def test_refusals_name_the_key_or_setting():
     # before: refused at the call as "its bonus was added already", or a read key replaced
     with pytest.raises(ValueError, match=r"novel_key=\('next', 'done'\) is a key it reads"):
         EpisodicNoveltyBonus(0.1, novel_key=("next", "done"))
-    moved = EpisodicNoveltyBonus(0.1, novel_key="flags").set_keys(done="flags")
+    # a key field moved onto novel_key (refused at the next call before) or onto an
+    # observation key (the observation was read as is_init, silently): refused by set_keys,
+    # the keys left as they were
+    bonus = EpisodicNoveltyBonus(0.1, novel_key="flags")
     with pytest.raises(ValueError, match="novel_key='flags' is a key it reads"):
-        moved(_rollout())
+        bonus.set_keys(done="flags")
+    with pytest.raises(ValueError, match="is_init='observation' is one of the observation keys"):
+        bonus.set_keys(is_init="observation")
+    assert bonus.keys == EpisodicNoveltyBonus(0.1, novel_key="flags").keys
 
 
 def test_observations_must_be_comparable_leaves():
