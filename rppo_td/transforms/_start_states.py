@@ -14,7 +14,7 @@ from torchrl.modules import set_recurrent_mode
 
 from rppo_td._keys import RolloutKeys, as_path
 from rppo_td._lazy import shallow_copy
-from rppo_td._validation import check_dtype, check_shape, get_key, whole_at_least
+from rppo_td._validation import MissingKeyError, check_dtype, check_shape, get_key, whole_at_least
 from rppo_td.functional import burn_in_lengths, burn_in_window, episode_first_steps, unpad_rows
 from rppo_td.transforms._base import RolloutTransform
 
@@ -173,7 +173,18 @@ class SequenceStartStates(RolloutTransform):
         # each key's (layers, hidden) and dtype, from the core that owns it where it is known
         self._state_shapes: dict[NestedKey, tuple[int, ...]] = {}
         self._state_dtypes: dict[NestedKey, torch.dtype] = {}
-        for module, own in plan:
+        self._read_state_specs()
+        self._list_module_keys()
+
+    def _read_state_specs(self) -> None:
+        """Each state key's ``(layers, hidden)`` and dtype, from the modules as they are now.
+
+        Read again at every call: a module converted after this transform was built
+        (``lstm.double()``) must not have its new dtype refused.
+        """
+        self._state_shapes.clear()
+        self._state_dtypes.clear()
+        for module, own in self._plan:
             specs = _state_specs(module, own)
             first = next(iter(module.parameters()), None)
             for key in own:
@@ -182,8 +193,6 @@ class SequenceStartStates(RolloutTransform):
                     self._state_dtypes.setdefault(key, specs[key][1])
                 elif first is not None:  # a core of its own kind: the module's float dtype
                     self._state_dtypes.setdefault(key, first.dtype)
-
-        self._list_module_keys()
 
     def _list_module_keys(self) -> None:
         """Lists the modules' inputs and state keys in ``in_keys``, the states in ``out_keys``."""
@@ -220,8 +229,19 @@ class SequenceStartStates(RolloutTransform):
         check_shape(is_init_key, is_init, (*tensordict.batch_size, 1))
         check_dtype(is_init_key, is_init, torch.bool)
         self._needed(tensordict)  # every key the modules read, refused by name when missing
+        self._read_state_specs()
         if tensordict.get(self.keys.loss_mask, None) is not None:
             return self._padded(tensordict)
+        # padded sequences under another mask key (or with it dropped) were taken for a
+        # rollout, each row a worker: wrong start states, silently
+        marks = [self.keys.rollout_steps, self.keys.worker_index, self.keys.time_index]
+        found = [key for key in marks if tensordict.get(key, None) is not None]
+        if found:
+            raise MissingKeyError(
+                f"SequenceStartStates: the tensordict holds padded sequences ({found[0]!r}, "
+                f"which SequencePadder writes) but no {self.keys.loss_mask!r}; give the padder's "
+                "mask key (set_keys(loss_mask=...)), or pass the [W, T] rollout itself"
+            )
         return self._rollout(tensordict)
 
     def _rollout(self, tensordict: TensorDictBase) -> TensorDictBase:

@@ -373,6 +373,42 @@ def test_a_missing_input_is_a_value_error_naming_it(start_state, missing, padded
         transform(td.exclude(missing))
 
 
+@pytest.mark.parametrize("start_state", ["stored", "refreshed"])
+def test_padded_sequences_without_their_mask_are_refused_not_read_as_a_rollout(start_state):
+    # each padded row was taken for a worker's row: stale or wrong start states, silently
+    net = RecurrentActorCritic(OBS, ACT, hidden_size=3, shared_critic=False)
+    padded = SequencePadder()(_small_rollout(net))
+    transform = SequenceStartStates(_modules(net), start_state=start_state, burn_in=2)
+    for td in (padded.exclude("loss_mask"), padded.rename_key_("loss_mask", "mask")):
+        with pytest.raises(KeyError, match=r"holds padded sequences .* but no 'loss_mask'"):
+            transform(td)
+    transform.set_keys(loss_mask="mask")
+    assert (transform(padded)["recurrent_state_h"] == transform(padded)["recurrent_state_h"]).all()
+
+
+def test_a_module_converted_after_the_transform_was_built_is_followed():
+    # its float32 dtype was kept from construction: float64 states were refused
+    from tensordict import TensorDict
+    from torchrl.modules import LSTMModule
+
+    lstm = LSTMModule(input_size=2, hidden_size=3, in_key="observation", out_key="embed")
+    transform = SequenceStartStates(lstm, start_state="refreshed")
+    lstm.double()
+    shape = (2, 5, 1, 3)
+    rollout = TensorDict(
+        {
+            "observation": torch.randn(2, 5, 2, dtype=torch.float64),
+            "is_init": torch.zeros(2, 5, 1, dtype=torch.bool),
+            "recurrent_state_h": torch.zeros(shape, dtype=torch.float64),
+            "recurrent_state_c": torch.zeros(shape, dtype=torch.float64),
+        },
+        [2, 5],
+    )
+    assert transform(rollout)["recurrent_state_h"].dtype == torch.float64
+    with pytest.raises(ValueError, match=r"must be a torch\.float64 state"):
+        transform(rollout.apply(lambda x: x.float() if x.is_floating_point() else x))
+
+
 def test_in_and_out_keys_list_what_is_read_and_written():
     net = RecurrentActorCritic(OBS, ACT, hidden_size=3, shared_critic=False)
     transform = SequenceStartStates(_modules(net), start_state="refreshed")
