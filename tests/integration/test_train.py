@@ -854,3 +854,25 @@ def test_episode_means_are_empty_until_an_episode_ends(tmp_path):
     for row, some in zip(rows, ended, strict=True):
         assert bool(row["episode_return_mean"]) == bool(row["episode_length_mean"]) == some
     assert float(rows[-1]["episode_length_mean"]) == 200.0
+
+
+def test_the_update_uses_the_logged_learning_rate_and_clip(tmp_path, monkeypatch):
+    # the annealing test read the logged values only: an optimizer a step behind, or a loss
+    # given the unannealed clip, passed it
+    from rppo_td.train._ppo import PPOUpdate
+
+    used = []
+    call = PPOUpdate.__call__
+
+    def spy(self, rollout, *, clip_epsilon):
+        used.append((self.optimizer.param_groups[0]["lr"], clip_epsilon))
+        return call(self, rollout, clip_epsilon=clip_epsilon)
+
+    monkeypatch.setattr(PPOUpdate, "__call__", spy)
+    trainer, _ = _run(tmp_path, learning_rate=0.01)
+    trainer.run()
+    logged = [
+        (float(r["learning_rate"]), float(r["clip_epsilon"])) for r in _rows(tmp_path / "run")
+    ]
+    assert len(logged) == 4 and logged == used
+    assert len(set(used)) == 4  # annealed: a new pair at every update

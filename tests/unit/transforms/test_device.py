@@ -86,3 +86,10 @@ def test_a_device_this_machine_lacks_is_refused_when_built(device):
         pytest.skip(f"this machine has {device}")
     with pytest.raises(ValueError, match=f"device '{device}' is not available: "):
         DeviceMover(device)
+
+
+def test_nested_keys_are_moved_and_others_left():
+    # every other test moves to the CPU, where the data is: a mover skipping nested keys passed
+    out = DeviceMover("meta", keys=["observation", ("next", "reward")])(small_rollout())
+    assert out["observation"].device.type == out["next", "reward"].device.type == "meta"
+    assert out["action"].device.type == "cpu"
