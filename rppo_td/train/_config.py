@@ -304,8 +304,8 @@ class TrainConfig:
     )
     advantage_eps: float = _doc(
         "added to the advantage std when normalising; a floor that keeps near-zero "
-        "advantages (a solved task) from being blown up to unit scale (0 would divide "
-        "equal advantages by 0)",
+        "advantages (a solved task) from being blown up to unit scale (> 0: without it, "
+        "advantages that differ only by rounding are scaled to unit deviation)",
         default=1e-8,
         above=0.0,
         high=1e6,
