@@ -171,15 +171,16 @@ class GAEEstimator(ValueEstimatorBase):
         check_value_network(value_network)
         check_unit_interval("gamma", gamma)
         check_unit_interval("lmbda", lmbda)
-        options = {"average_gae": average_gae, "differentiable": differentiable}
-        options |= {"shifted": shifted, "deactivate_vmap": deactivate_vmap}
-        for name, value in {
-            **options,
-            "skip_existing": skip_existing,
-            "vectorized": vectorized,
-        }.items():
-            if not isinstance(value, bool | np.bool_) and (value is not None or name in options):
-                allowed = "True or False" + ("" if name in options else " or None")
+        for name, value, nullable in (
+            ("average_gae", average_gae, False),
+            ("differentiable", differentiable, False),
+            ("shifted", shifted, False),
+            ("deactivate_vmap", deactivate_vmap, False),
+            ("skip_existing", skip_existing, True),
+            ("vectorized", vectorized, True),
+        ):
+            if not (isinstance(value, bool | np.bool_) or (nullable and value is None)):
+                allowed = "True or False" + (" or None" if nullable else "")
                 raise TypeError(f"GAEEstimator's {name} must be {allowed}, got {value!r}")
         if differentiable:
             raise ValueError(
@@ -229,14 +230,8 @@ class GAEEstimator(ValueEstimatorBase):
         dim = self._get_time_dim(time_dim, tensordict)
         if self.value_network is not None:
             value, next_value = self._values(tensordict, dim, params, target_params)
-            if value is not None:
-                tensordict.set(keys.value, value)
-            else:
-                value = tensordict.get(keys.value)
-            if next_value is not None:
-                tensordict.set(("next", keys.value), next_value)
-            else:
-                next_value = tensordict.get(("next", keys.value))
+            tensordict.set(keys.value, value)
+            tensordict.set(("next", keys.value), next_value)
         else:
             hint = "(GAEEstimator has no value_network to compute it)"
             value = get_key(tensordict, keys.value, hint=hint)
@@ -314,19 +309,19 @@ class GAEEstimator(ValueEstimatorBase):
         time_dim: int,
         params: TensorDictBase | None,
         target_params: TensorDictBase | None,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(V(o_t), V(o_{t+1}))``, each ``[*B, T, 1]``, from the network, without gradients.
 
-        With ``skip_existing``, None in place of a value the tensordict already holds.
+        With ``skip_existing``, a value the tensordict already holds is read, not computed.
         """
         keys = self.tensor_keys
         skip = skip_existing() if self.skip_existing is None else self.skip_existing
-        present = [
-            skip and tensordict.get(key, None) is not None
+        stored = [
+            tensordict.get(key, None) if skip else None
             for key in (keys.value, ("next", keys.value))
         ]
-        if all(present):
-            return None, None
+        if stored[0] is not None and stored[1] is not None:
+            return stored[0], stored[1]
         value, next_value = network_values(
             self.value_network,
             tensordict,
@@ -336,9 +331,11 @@ class GAEEstimator(ValueEstimatorBase):
             who="GAEEstimator",
             params=params,
             target_params=target_params,
-            current=not present[0],
+            current=stored[0] is None,
         )
-        return value, None if present[1] else next_value
+        value = value if stored[0] is None else stored[0]
+        assert value is not None  # computed (current=True) where none was stored
+        return value, next_value if stored[1] is None else stored[1]
 
 
 def _standardized(advantage: torch.Tensor) -> torch.Tensor:

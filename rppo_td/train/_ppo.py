@@ -109,6 +109,8 @@ class PPOUpdate:
             normalize_advantage=settings.normalize_advantage,
             normalize_advantage_eps=settings.advantage_eps,
             functional=False,
+            # the update logs the rollout's explained variance (rollout_explained_variance)
+            log_explained_variance=False,
             # the real-step counts and advantage statistics of all ranks together
             process_group="default" if world_size > 1 else None,
         )
@@ -204,13 +206,11 @@ class PPOUpdate:
                 "" if self.skipped == count else " (the other steps were taken)",
             )
         means = {name: float(value) / count for name, value in totals.items()}
-        if "explained_variance" in means:
+        if self.settings.value_coef > 0:  # without a value loss, no value figure
             # the minibatches' own figure is 1.0 for one-step minibatches and any number for
             # targets that hardly vary: the rollout's (every rank's) is logged, or nothing
             explained = rollout_explained_variance(rollout, self.world_size)
-            if explained is None:
-                del means["explained_variance"]
-            else:
+            if explained is not None:
                 means["explained_variance"] = explained
         means["epochs"] = epochs
         means["skipped_steps"] = self.skipped

@@ -112,8 +112,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         if not self.observation_keys:
             raise ValueError("observation_keys must name at least one observation leaf")
         self.novel_key = novel_key
-        super().__init__(keys=keys)
-        self._check_novel_key()
+        super().__init__(keys=keys)  # _follow checks the keys against novel_key
         self.coef = coef
         self._carry: NoveltyCarry | None = None
         self._open: torch.Tensor | None = None  # [W] bool, the last step was not done
@@ -141,10 +140,10 @@ class EpisodicNoveltyBonus(RolloutTransform):
         return [*own, self.novel_key]
 
     def _follow(self, keys: RolloutKeys) -> None:
-        """``RolloutTransform._follow``, refusing first a key field set to an observation key.
+        """``RolloutTransform._follow``, refusing first keys that clash, before taking any.
 
         ``set_keys(is_init="observation")`` read the observation as ``is_init``, silently; a
-        key field moved onto ``novel_key`` is refused here too (not at the next call).
+        key field moved onto ``novel_key`` was refused only at the next call.
         """
         observed = {as_path(key) for pair in self._observation_pairs() for key in pair}
         for name in self._in_fields:
@@ -155,19 +154,15 @@ class EpisodicNoveltyBonus(RolloutTransform):
                     f"hashes ({self.observation_keys}, and under 'next'); give it a key of its "
                     "own"
                 )
-            if as_path(key) == as_path(self.novel_key):
-                raise ValueError(
-                    f"EpisodicNoveltyBonus: novel_key={self.novel_key!r} is a key it reads (its "
-                    f"{name}); give the flags a key of their own"
-                )
+        self._check_novel_key(self._keys_of(keys, self._in_fields))
         super()._follow(keys)
 
-    def _check_novel_key(self) -> None:
-        """``novel_key`` must not be a key the bonus reads (writing it would clobber it)."""
-        if as_path(self.novel_key) in {as_path(key) for key in self.in_keys}:
+    def _check_novel_key(self, in_keys: list[NestedKey]) -> None:
+        """``novel_key`` must not be one of ``in_keys`` (writing it would clobber it)."""
+        if as_path(self.novel_key) in {as_path(key) for key in in_keys}:
             raise ValueError(
                 f"EpisodicNoveltyBonus: novel_key={self.novel_key!r} is a key it reads (its "
-                f"in_keys: {self.in_keys}); give the flags a key of their own"
+                f"in_keys: {in_keys}); give the flags a key of their own"
             )
 
     def _repr_args(self) -> str:
@@ -186,7 +181,7 @@ class EpisodicNoveltyBonus(RolloutTransform):
         self._check_takes_outputs(tensordict)
         check_not_padded(tensordict, keys.loss_mask, who)
         check_not_split_trajs(tensordict, who)
-        self._check_novel_key()  # set_keys may have moved a read key onto it
+        self._check_novel_key(self.in_keys)  # novel_key may have been reassigned since
         if tensordict.get(self.novel_key, None) is not None:
             raise ValueError(
                 f"{who} got a rollout that holds {self.novel_key!r} already: its bonus was "
