@@ -529,7 +529,7 @@ def _missing_observations(
     hint = ""
     if "pixels" in held:  # TorchRL's GymEnv names a uint8 image Box observation "pixels"
         hint = (
-            "; TorchRL's GymEnv names an image observation 'pixels': rename it, e.g. "
+            "; 'pixels' is TorchRL GymEnv's name for an image observation: rename it, e.g. "
             "env.append_transform(RenameTransform(['pixels'], ['observation']))"
         )
     return MissingKeyError(

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -17,7 +18,7 @@ from rppo_td._signals import terminate_as_interrupt
 from rppo_td._validation import first_line
 from rppo_td.train._cli import build_parser, config_from_args, list_presets
 from rppo_td.train._config import TrainConfig
-from rppo_td.train._distributed import RanksRefused, wait_for_ranks
+from rppo_td.train._distributed import Ranks, RanksRefused, wait_for_ranks
 from rppo_td.train._evaluate import evaluate_agent, load_agent
 from rppo_td.train._evaluate import main as evaluate_main
 from rppo_td.train._loop import Trainer, train
@@ -136,7 +137,8 @@ def _main(argv: list[str] | None) -> int:
             )
         return 130
     except (ValueError, KeyError, EnvError) as err:
-        _error(err)
+        # torchrun's ranks share one stderr: say whose env or input failed
+        _error(err, trainer.ranks if trainer.ranks.distributed else None)
         return 1
     except OSError as err:  # the run's log names the checkpoint that is kept
         _error(f"cannot write the run's files in {str(trainer.directory)!r}: {err}")
@@ -145,7 +147,12 @@ def _main(argv: list[str] | None) -> int:
         if not (trainer.ranks.distributed and _peer_lost(err)):
             raise
         # another rank stopped (its env failed, say) and this one's collective broke off
-        return _lost_other_ranks(trainer.ranks.rank, "", err, "the last checkpoint is kept")
+        kept = (
+            f"the last checkpoint (update {trainer.saved_update}) is kept"
+            if trainer.saved_update
+            else "no checkpoint was saved"
+        )
+        return _lost_other_ranks(trainer.ranks.rank, "", err, kept)
     if summary is None:
         return 130
     if trainer.ranks.main:
@@ -186,8 +193,13 @@ def _thread_error(args: threading.ExceptHookArgs) -> None:
     )
 
 
-def _error(err: BaseException | str) -> None:
+def _error(err: BaseException | str, ranks: Ranks | None = None) -> None:
+    """``rppo-train: error: ...`` on stderr; with ``ranks``, the rank and host first."""
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
+    if ranks is not None:
+        where = f"rank {ranks.rank} on {socket.gethostname()}"
+        if not str(message).startswith(f"rank {ranks.rank} "):
+            message = f"{where}: {message}"
     # one write, line and newline together: print() writes them apart, and the lines of
     # torchrun's ranks, which share one stderr, ran into each other between the two
     sys.stderr.write(f"rppo-train: error: {message}\n")

@@ -157,6 +157,8 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, given: dict[str, Any] | None = None) -> None:
         self._lock = None
         self.summary_written = False
+        # the update whose checkpoint is on disk (0: none), for the last line of a failed run
+        self.saved_update = 0
         self._ran = False
         if not isinstance(config, TrainConfig):
             raise TypeError(
@@ -450,6 +452,7 @@ class Trainer:
             ) from None
         # checkpoints written before checkpoint_time_s was counted lack it
         self.counters = {"checkpoint_time_s": 0.0, **checkpoint["counters"]}
+        self.saved_update = self.counters["update"]
         self._check_ranks(self.counters)
         self.recent.extend(checkpoint["recent_returns"])
         self.recent_lengths.extend(checkpoint["recent_lengths"])
@@ -681,7 +684,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         stopped = False
-        saved_update = self.counters["update"]
+        saved_update = self.saved_update
         saving: int | None = None  # the update whose checkpoint is being written
         try:
             while self.counters["update"] < self.num_updates:
@@ -707,7 +710,8 @@ class Trainer:
                         started = time.perf_counter()
                         self.save()
                         self.counters["checkpoint_time_s"] += time.perf_counter() - started
-                    saved_update, saving = done, None
+                    self.saved_update = saved_update = done
+                    saving = None
                     stop.saved()
                 if stopped:
                     break

@@ -328,3 +328,49 @@ def test_an_env_failing_to_build_on_one_rank_is_one_line_on_every_rank(tmp_path)
     assert any(e.startswith("rppo-train: error: rank 0 lost the other ranks") for e in errors)
     assert "[rank0]:" not in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+FAILS_ON_RANK_1_LATER = """
+import os
+import gymnasium as gym
+import numpy as np
+
+class LaterOnRank1(gym.Env):
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+        self.action_space = gym.spaces.Discrete(2)
+        self.steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if os.environ.get("RANK") == "1" and self.steps > 80:
+            raise RuntimeError("boom")
+        return np.zeros(2, dtype=np.float32), 1.0, False, False, {}
+
+gym.register("LaterOnRank1-v0", entry_point=LaterOnRank1, max_episode_steps=10)
+"""
+
+
+def test_an_env_failing_while_training_on_one_rank_names_the_rank(tmp_path):
+    # the failing rank's line named no rank (several nodes share torchrun's stderr), and rank
+    # 0 said "the last checkpoint is kept" whether or not one had been saved
+    import socket
+
+    (tmp_path / "rank_env.py").write_text(FAILS_ON_RANK_1_LATER)
+    out = tmp_path / "r"
+    # 4 envs x 32 steps per update and rank: each env's 81st step is in update 3, after the
+    # checkpoint of update 2 (checkpoint_every: 2)
+    args = ["--preset", "smoke", "--env", "rank_env:LaterOnRank1-v0", "--total-steps", "2048"]
+    args += ["--output", str(out)]
+    done = _per_rank(tmp_path, args, args)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("rppo-train: error")]
+    where = f"rppo-train: error: rank 1 on {socket.gethostname()}: env 'LaterOnRank1-v0'"
+    assert any(e.startswith(where) and "boom" in e for e in errors), done.stderr[-3000:]
+    lost = [e for e in errors if e.startswith("rppo-train: error: rank 0 lost the other ranks")]
+    assert lost and lost[0].endswith("the last checkpoint (update 2) is kept"), errors
+    assert load_checkpoint(out)["counters"]["update"] == 2

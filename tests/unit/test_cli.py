@@ -259,6 +259,7 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
 
     class Broken:
         ranks = types.SimpleNamespace(distributed=True, rank=0, main=True)
+        saved_update = 3
 
         def __init__(self, config, given=None):
             pass
@@ -270,10 +271,48 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
     assert train.main(["--preset", "smoke", "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("rppo-train: error: rank 0 lost the other ranks ([../gloo/"), err
-    assert "its own message says why; the last checkpoint is kept" in err
+    assert "its own message says why; the last checkpoint (update 3) is kept" in err
+    # before the first checkpoint it said one was kept, a line after the log said none was
+    Broken.saved_update = 0
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("its own message says why; no checkpoint was saved"), err
     Broken.ranks = types.SimpleNamespace(distributed=False, rank=0, main=True)
     with pytest.raises(RuntimeError, match="closed by peer"):  # one process: not ours to hide
         train.main(["--preset", "smoke", "--no-progress"])
+
+
+def test_a_rank_that_fails_says_which_rank_and_host(monkeypatch, capsys):
+    # torchrun's ranks share one stderr: an env fault on rank 1 of several nodes named no rank
+    import socket
+    import types
+
+    import rppo_td.train as train
+    from rppo_td.envs import EnvError
+
+    class Failing:
+        ranks = types.SimpleNamespace(distributed=True, rank=1, main=False)
+        saved_update = 0
+        error: Exception = EnvError("env 'X-v0': raised RuntimeError in step(): boom")
+
+        def __init__(self, config, given=None):
+            pass
+
+        def run(self):
+            raise self.error
+
+    monkeypatch.setattr(train, "Trainer", Failing)
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 1
+    where = f"rank 1 on {socket.gethostname()}"
+    err = capsys.readouterr().err
+    assert err == f"rppo-train: error: {where}: env 'X-v0': raised RuntimeError in step(): boom\n"
+    Failing.error = ValueError(f"{where}: already says where")  # not said twice
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 1
+    assert capsys.readouterr().err == f"rppo-train: error: {where}: already says where\n"
+    Failing.ranks = types.SimpleNamespace(distributed=False, rank=0, main=True)
+    Failing.error = ValueError("bad input")
+    assert train.main(["--preset", "smoke", "--no-progress"]) == 1  # one process: no prefix
+    assert capsys.readouterr().err == "rppo-train: error: bad input\n"
 
 
 @pytest.mark.parametrize(("entry", "prog"), [("train", "rppo-train"), ("evaluate", "rppo-eval")])
