@@ -79,12 +79,18 @@ class FaultyEnv(gym.Env):
             reward = np.array([1.0])
         elif fault == "huge_reward":  # a float64 beyond float32: stored, it would be inf
             reward = -1e39
+        elif fault == "edge_reward":  # finite in float32's type, inf once rounded to it
+            reward = 5e38
+        elif fault == "largest_reward":  # float32's largest: stored as it is, accepted
+            reward = float(np.finfo(np.float32).max)
         elif fault == "nan_reward":
             reward = float("nan")
         elif fault == "none_terminated":
             terminated = None
         elif fault == "string_truncated":
             truncated = "no"
+        elif fault == "count_terminated":  # a count where a flag belongs (an env bug)
+            terminated = 2
         elif fault == "array_terminated":
             terminated = np.array([True, False])
         elif fault == "list_info":
@@ -103,7 +109,32 @@ class DiscreteObsEnv(FaultyEnv):
 
     def step(self, action):
         self.t += 1
-        obs = {"out_of_range": 5, "float_obs": 1.5}.get(self.fault, 1) if self.t >= AT else 1
+        faults = {"out_of_range": 5, "one_past": 3, "float_obs": 1.5}
+        obs = faults.get(self.fault, 1) if self.t >= AT else 1
+        return obs, 1.0, False, False, {}
+
+
+class MultiObsEnv(FaultyEnv):
+    """MultiBinary(3) or MultiDiscrete([3, 3]) observations, out of range from step ``AT`` on."""
+
+    SPACES: dict[str, gym.Space] = {  # noqa: RUF012
+        "binary_two": gym.spaces.MultiBinary(3),
+        "multi_one_past": gym.spaces.MultiDiscrete([3, 3]),
+    }
+    BAD: dict[str, list[int]] = {"binary_two": [0, 2, 1], "multi_one_past": [0, 3]}  # noqa: RUF012
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(fault)
+        self.observation_space = self.SPACES[fault]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.int8), {}
+
+    def step(self, action):
+        self.t += 1
+        good = np.zeros(self.observation_space.shape, np.int8)
+        obs = np.array(self.BAD[self.fault], np.int8) if self.t >= AT else good
         return obs, 1.0, False, False, {}
 
 
@@ -141,6 +172,8 @@ FAULTS = {
     "size1_reward": "reward is an array of shape (1,)",
     "nan_reward": "reward is nan, expected a finite number",
     "huge_reward": "reward is -1e+39, beyond float32's range",
+    "edge_reward": "reward is 5e+38, beyond float32's range",
+    "count_terminated": "terminated is 2 (int), expected a bool",
     "none_terminated": "terminated is None, expected a bool",
     "string_truncated": "truncated is 'no' (str), expected a bool",
     "array_terminated": "terminated is an array of shape (2,) and dtype bool, expected a bool",
@@ -156,7 +189,12 @@ WIDE_FAULTS = {
 }
 DISCRETE_FAULTS = {
     "out_of_range": "observation is 5, outside Discrete(3)",
+    "one_past": "observation is 3, outside Discrete(3)",
     "float_obs": "observation has dtype float64, expected one castable to int64",
+}
+MULTI_FAULTS = {
+    "binary_two": "outside MultiBinary(3)",
+    "multi_one_past": "outside MultiDiscrete([3 3])",
 }
 CAUSES = {"step_raises": ZeroDivisionError, "reset_raises": ValueError}
 
@@ -165,12 +203,15 @@ def _id(fault: str) -> str:
     return f"rppo_td_test/Fault-{fault}-v0"
 
 
-for _fault in [*FAULTS, "none", "ctor_raises"]:
+for _fault in [*FAULTS, "none", "ctor_raises", "largest_reward"]:
     if _id(_fault) not in gym.registry:
         gym.register(id=_id(_fault), entry_point=FaultyEnv, kwargs={"fault": _fault})
 for _fault in DISCRETE_FAULTS:
     if _id(_fault) not in gym.registry:
         gym.register(id=_id(_fault), entry_point=DiscreteObsEnv, kwargs={"fault": _fault})
+for _fault in MULTI_FAULTS:
+    if _id(_fault) not in gym.registry:
+        gym.register(id=_id(_fault), entry_point=MultiObsEnv, kwargs={"fault": _fault})
 for _fault in WIDE_FAULTS:
     if _id(_fault) not in gym.registry:
         gym.register(id=_id(_fault), entry_point=WideObsEnv, kwargs={"fault": _fault})
@@ -203,9 +244,11 @@ def _check_message(err: EnvError, env_id: str, fragment: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["single", "vector"])
-@pytest.mark.parametrize("fault", sorted(FAULTS) + sorted(DISCRETE_FAULTS) + sorted(WIDE_FAULTS))
+@pytest.mark.parametrize(
+    "fault", sorted(FAULTS) + sorted(DISCRETE_FAULTS) + sorted(WIDE_FAULTS) + sorted(MULTI_FAULTS)
+)
 def test_fault_raises_env_error_naming_env_and_problem(fault, how):
-    fragment = FAULTS.get(fault) or DISCRETE_FAULTS.get(fault) or WIDE_FAULTS[fault]
+    fragment = {**FAULTS, **DISCRETE_FAULTS, **WIDE_FAULTS, **MULTI_FAULTS}[fault]
     with pytest.raises(EnvError) as info:
         _drive(_id(fault), how)
     _check_message(info.value, _id(fault), fragment)
@@ -216,6 +259,7 @@ def test_fault_raises_env_error_naming_env_and_problem(fault, how):
 @pytest.mark.parametrize("how", ["single", "vector"])
 def test_healthy_env_runs(how):
     _drive(_id("none"), how, steps=20)
+    _drive(_id("largest_reward"), how, steps=AT + 2)  # float32's largest reward is stored as is
 
 
 def test_vector_message_names_the_sub_env():

@@ -249,6 +249,16 @@ def test_torchrl_gae_options_for_a_drop_in_replacement():
     both["next", "state_value"] = torch.zeros(3, 7, 1)
     out = skipping(both)
     assert (out["state_value"] == 5.0).all() and (out["next", "state_value"] == 0).all()
+    # the next values alone stored: read, the current ones computed (the same advantages as
+    # with both given)
+    only_next = rollout.clone()
+    only_next["next", "state_value"] = torch.zeros(3, 7, 1)
+    out = skipping(only_next)
+    assert (out["next", "state_value"] == 0).all()
+    torch.testing.assert_close(out["state_value"], expected["state_value"])
+    given = only_next.clone()
+    given["state_value"] = expected["state_value"]
+    torch.testing.assert_close(out["advantage"], skipping(given)["advantage"])
 
     with pytest.raises(ValueError, match="differentiable=True"):
         GAEEstimator(gamma=GAMMA, lmbda=LMBDA, value_network=critic, differentiable=True)
