@@ -200,8 +200,11 @@ def save_checkpoint(
 
 
 def checkpoint_file(path: str | Path) -> Path:
-    """The checkpoint file ``path`` names: itself, or ``checkpoint.pt`` in a directory."""
-    file = Path(path)
+    """The checkpoint file ``path`` names: itself, or ``checkpoint.pt`` in a directory.
+
+    A leading ``~`` is the user's home (a path from a YAML file or Python: no shell expands it).
+    """
+    file = Path(path).expanduser()
     return file / CHECKPOINT_NAME if file.is_dir() else file
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import re
 import typing
 from importlib import resources
@@ -17,6 +18,7 @@ from rppo_td.train._config import (
     RENAMED,
     RUNTIME_FIELDS,
     TrainConfig,
+    did_you_mean,
     field_hints,
     renamed_settings,
     unknown_settings,
@@ -37,7 +39,10 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
         given = str(path)
         path = given.lower().replace("-", "_")  # --preset poc-memory names poc_memory.yaml
         if path not in list_presets():
-            raise ValueError(f"unknown preset {given!r}; available: {list_presets()}")
+            raise ValueError(
+                f"unknown preset {given!r}{did_you_mean(path, list_presets())}; available: "
+                f"{list_presets()}"
+            )
         text = (resources.files("rppo_td.train") / "presets" / f"{path}.yaml").read_text()
         where = f"preset {path!r}"
     else:
@@ -68,11 +73,17 @@ def load_yaml(path: str | Path, *, preset: bool = False) -> dict[str, Any]:
             raise ValueError(f"{where} sets {name!r} twice (spelt with '_' and with '-')")
         settings[name] = _yaml_number(name, value)
     # named here, with the file, rather than after the layers are merged
+    flags = sorted({"preset", "config"} & set(settings))
+    if flags:
+        raise ValueError(
+            f"{where} names {flags}: --preset and --config are flags of the command line, not "
+            "settings a file can hold (give them there, or copy the preset's settings in)"
+        )
     unknown = unknown_settings(settings)
     if unknown:
         raise ValueError(
-            f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())} "
-            "(see rppo-train --help)"
+            f"{where}: unknown setting(s) {unknown}{did_you_mean(unknown, sorted(field_hints()))}"
+            f"; known: {sorted(field_hints())} (see rppo-train --help)"
         )
     return settings
 
@@ -123,13 +134,41 @@ class _Once(argparse.Action):
 
 
 class ShortErrorParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one line (``--help`` shows the usage)."""
+    """An ``ArgumentParser`` whose errors are one line (``--help`` shows the usage).
+
+    Flags must be spelt whole (``allow_abbrev=False``): argparse's prefixes took ``--gam``
+    for ``--gamma``, so a truncated flag trained silently, and a flag added later could
+    change what a script's prefix meant. An unrecognised flag names the closest ones.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         """Prints ``prog: error: message (see prog --help)`` to stderr and exits with 2."""
+        if message.startswith("unrecognized arguments: "):
+            message += _close_flags(self, message.removeprefix("unrecognized arguments: "))
         hint = f"(see {self.prog} --help)"
         message = message if message.endswith(hint) else f"{message} {hint}"  # said once
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _close_flags(parser: argparse.ArgumentParser, unrecognized: str) -> str:
+    """``"; did you mean --x?"`` for the flags in ``unrecognized`` close to one of ``parser``'s."""
+    known = [
+        option
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS
+        for option in action.option_strings
+        if option.startswith("--")
+    ]
+    hints = []
+    for word in unrecognized.split():
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--"):
+            hints += [m for m in difflib.get_close_matches(flag, known, n=1) if m not in hints]
+    return f"; did you mean {' or '.join(hints)}?" if hints else ""
 
 
 def _parse_type(hint: Any):
@@ -171,6 +210,8 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
             bounds = f"; >= {low}" if high is None else f"; {low} to {high}"
         elif above is not None:
             bounds = f"; > {above}" if high is None else f"; > {above}, at most {high}"
+        if f.metadata.get("choices"):  # checked by the config, whatever the case
+            bounds = f"; one of {', '.join(map(str, f.metadata['choices']))}"
         help_text = f"{f.metadata.get('help', '')} (default: {f.default!r}{bounds})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)

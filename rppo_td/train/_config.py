@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import logging
 import math
@@ -85,12 +86,23 @@ def unknown_settings(values: dict[str, Any]) -> list[str]:
     return sorted(set(values) - set(field_hints()) - set(RENAMED))
 
 
+def did_you_mean(names: str | list[str], known: list[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the names close to one of ``known`` (``""``: none)."""
+    close: list[str] = []
+    for name in [names] if isinstance(names, str) else names:
+        close += [m for m in difflib.get_close_matches(name, known, n=1) if m not in close]
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 def _known_settings(values: dict[str, Any], *, where: str) -> dict[str, Any]:
     """``values`` under today's names, refusing an unknown setting with a ``KeyError``."""
     values = renamed_settings(values, where=where)
     unknown = unknown_settings(values)
     if unknown:
-        raise KeyError(f"{where}: unknown setting(s) {unknown}; known: {sorted(field_hints())}")
+        known = sorted(field_hints())
+        raise KeyError(
+            f"{where}: unknown setting(s) {unknown}{did_you_mean(unknown, known)}; known: {known}"
+        )
     return values
 
 
@@ -119,7 +131,7 @@ def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
         what = "an integer"
     else:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        ok = ok and math.isfinite(value)
+        ok = ok and _finite(value)
         what = "a finite number"
     above = meta.get("above")
     ok = ok and (low is None or value >= low) and (high is None or value <= high)
@@ -129,7 +141,22 @@ def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
             bound = f" > {above}" if high is None else f" in ({above}, {high}]"
         else:
             bound = f" >= {low}" if high is None else f" in [{low}, {high}]"
-        raise ValueError(f"{name} must be {what}{bound}, got {value!r}")
+        raise ValueError(f"{name} must be {what}{bound}, got {_brief(value)}")
+
+
+def _finite(value: float) -> bool:
+    """``math.isfinite``, False for an int beyond float's range (YAML's ``1000...0``)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)``, an int of more than 30 digits by its sign and digit count."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"{'-' if value < 0 else ''}an integer of {len(str(abs(value)))} digits"
+    return repr(value)
 
 
 @dataclass(kw_only=True)
@@ -154,7 +181,13 @@ class TrainConfig:
     env: str = _doc(
         "gymnasium id, or module:EnvId to import a module first", default=CARTPOLE_NOVEL_ID
     )
-    total_steps: int = _doc("env steps to train for (all workers together)", default=100_000, low=1)
+    total_steps: int = _doc(
+        "env steps to train for (all workers together), rounded down to whole updates "
+        "(num_workers * rollout_steps each)",
+        default=100_000,
+        low=1,
+        high=10**15,  # beyond, tqdm's float arithmetic overflowed mid-run
+    )
     num_workers: int = _doc("parallel envs W", default=128, low=1, high=100_000)
     rollout_steps: int = _doc("steps T per env per update (a rollout is W x T)", default=8, low=1)
     sequence_length: int = _doc(
@@ -354,8 +387,8 @@ class TrainConfig:
             value = getattr(self, f.name)
             if isinstance(value, numpy.generic):
                 value = value.item()
-            if hints[f.name] is float and type(value) is int:
-                value = float(value)
+            if hints[f.name] is float and type(value) is int and _finite(value):
+                value = float(value)  # (one beyond float's range is refused by validate)
             setattr(self, f.name, value)
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()
@@ -387,6 +420,12 @@ class TrainConfig:
                 "resume and overwrite contradict each other: --resume continues the run in "
                 "its directory, --overwrite deletes it; give one"
             )
+        if self.resume:
+            # the other settings are the checkpoint's: those given are compared with it, and
+            # the config resumed (the checkpoint's, with the runtime settings given) is
+            # checked in full; checked here against the defaults, TrainConfig(resume=...,
+            # total_steps=256) of a run of 128-step rollouts was less than a default rollout
+            return
         if self.rollout_steps * self.num_workers > self.total_steps:
             raise ValueError(
                 f"total_steps={self.total_steps} is less than one rollout "
@@ -426,7 +465,11 @@ class TrainConfig:
                 f"forget_bias={self.forget_bias} sets an LSTM's forget gate; "
                 f"recurrence={self.recurrence!r} has none (use forget_bias=0 or recurrence='lstm')"
             )
-        for name in ("anneal_steps", "novelty_steps"):  # the schedules' horizons
+        schedules = {  # their horizons, where the schedule is on (else unused_settings warns)
+            "anneal_steps": self.anneal_lr or self.anneal_clip,
+            "novelty_steps": bool(self.novelty_bonus),
+        }
+        for name in (name for name, on in schedules.items() if on):
             horizon = getattr(self, name)
             if horizon and horizon < self.steps_per_update:
                 raise ValueError(
@@ -569,7 +612,7 @@ class TrainConfig:
     def output_dir(self) -> Path:
         """``output``, or ``runs/<env>-<recurrence>-s<seed>`` when empty."""
         if self.output:
-            return Path(self.output)
+            return Path(self.output).expanduser()  # a YAML file's ~/runs/x: no shell expands it
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.env.split(":")[-1])
         return Path("runs") / f"{name}-{self.recurrence}-s{self.seed}"
 

@@ -166,6 +166,8 @@ class Trainer:
                 "TrainConfig.from_dict(...))"
             )
         config.validate()  # again: fields set after it was built were never checked
+        if given:  # each by name and bounds: an unknown name ended in an AttributeError
+            TrainConfig.check_each(given, where="given")
         if given is None and config.resume:
             # from Python every setting that is not the default was asked for: a resume
             # compares them with the checkpoint (and applies those that may change) as it
@@ -888,7 +890,10 @@ def _resumed_config(
         ) from None
     saved = TrainConfig.from_dict(checkpoint["config"], where=f"the config in {str(file)!r}")
     given = {**(given or {}), "resume": config.resume}
-    if "output" in given and Path(given["output"]).resolve() != run_directory.resolve():
+    if (
+        "output" in given
+        and Path(given["output"]).expanduser().resolve() != run_directory.resolve()
+    ):
         raise ValueError(
             f"output={given['output']!r} is not the resumed run's directory "
             f"{str(run_directory)!r}; a run resumes in its own directory"

@@ -833,6 +833,15 @@ def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
     finished.run()
     with pytest.raises(ValueError, match="the run has done all its 4 updates"):
         Trainer(resume).run(stop_after_updates=4)  # said "an int in [5, 4]"
+    # the run's own total_steps restated, less than a default rollout (128 x 8): the config
+    # was checked against the defaults and refused; given= names checked, by name and bounds
+    restated = Trainer(TrainConfig(resume=str(tmp_path / "run"), total_steps=256, progress=False))
+    assert restated.config.total_steps == 256 and restated.config.num_workers == 4
+    restated.release()
+    with pytest.raises(KeyError, match=r"given: unknown setting\(s\) \['gama'\] \(did you mean"):
+        Trainer(resume, given={"gama": 0.9})  # an AttributeError from inside
+    with pytest.raises(ValueError, match=r"gamma must be a finite number in \[0.0, 1.0\], got 7"):
+        Trainer(resume, given={"gamma": 7})  # was "checkpoint 0.99, requested 7"
     # a config changed after it was built is checked again (a ZeroDivisionError inside)
     changed = TrainConfig(**{**TINY, "output": str(tmp_path / "other")})
     changed.num_workers = 0

@@ -5,12 +5,15 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 from rppo_td.train import TrainConfig, build_parser, list_presets
 from rppo_td.train._cli import config_from_args, load_yaml
+
+NOVELTY_31 = ["--novelty-steps", "31"]
 
 
 def _error(capsys, argv: list[str]) -> str:
@@ -82,7 +85,7 @@ def test_config_file_then_flags(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--total-steps", "-5"], "--total-steps must be an integer >= 1, got -5"),
+        (["--total-steps", "-5"], f"--total-steps must be an integer in [1, {10**15}], got -5"),
         (["--sequence-length", "0"], "--sequence-length must be an integer >= 1, got 0"),
         (["--env", "NoSuchEnv-v0"], "unknown env 'NoSuchEnv-v0'"),
         (["--env", "no_such_module_xyz:Foo-v0"], "cannot import module"),
@@ -132,9 +135,12 @@ def test_config_file_then_flags(tmp_path):
         (["--novelty-bonus", "nan"], "--novelty-bonus must be"),
         (["--novelty-steps", "-5"], "--novelty-steps must be"),
         (
-            ["--num-workers", "4", "--rollout-steps", "8", "--novelty-steps", "31"],
+            ["--num-workers", "4", "--rollout-steps", "8", "--novelty-bonus", "0.1", *NOVELTY_31],
             "--novelty-steps=31 is shorter than one update",
         ),
+        (["--total-steps", str(10**15 + 1)], "--total-steps must be an integer in [1, "),
+        (["--gam", "0.5"], "unrecognized arguments: --gam 0.5; did you mean --gamma?"),
+        (["--learning-rte", "1e-3"], "did you mean --learning-rate?"),
     ],
 )
 def test_bad_values_give_clear_errors(capsys, argv, message):
@@ -594,3 +600,43 @@ def test_an_agent_too_big_for_memory_names_the_spaces_and_the_size(capsys, tmp_p
         "Discrete(1099511627776) and action space Discrete(3) does not fit in memory on cpu"
     ), err
     assert err.endswith("it tried to allocate 256.0 TiB\n"), err
+
+
+def test_settings_from_a_file_or_python_are_read_as_a_user_means_them(tmp_path, capsys, caplog):
+    # an int beyond float's range for a float setting raised OverflowError (exit status 1)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("gamma: 1" + "0" * 400 + "\n")
+    err = _error(capsys, ["--config", str(huge)])
+    assert "gamma must be a finite number in [0.0, 1.0], got an integer of 401 digits" in err
+    with pytest.raises(ValueError, match="learning_rate must be a finite number"):
+        TrainConfig(learning_rate=-(10**400))
+    with pytest.raises(ValueError, match="got an integer of 401 digits"):
+        TrainConfig.check_each({"gamma": 10**400})  # a resume's given settings, alone
+    # ~ in a YAML file or from Python: the home directory, not a folder named "~" here
+    config = TrainConfig(output="~/runs/x")
+    assert config.output_dir() == Path.home() / "runs" / "x"
+    from rppo_td.train._checkpoint import checkpoint_file
+
+    assert checkpoint_file("~/no/such/run.pt") == Path.home() / "no" / "such" / "run.pt"
+    # the flags of the command line are not settings a file holds; misspellings get a hint
+    (tmp_path / "preset.yaml").write_text("preset: smoke\n")
+    err = _error(capsys, ["--config", str(tmp_path / "preset.yaml")])
+    assert "names ['preset']: --preset and --config are flags of the command line" in err
+    (tmp_path / "typo.yaml").write_text("learning_rte: 0.001\n")
+    err = _error(capsys, ["--config", str(tmp_path / "typo.yaml")])
+    assert "unknown setting(s) ['learning_rte'] (did you mean 'learning_rate'?)" in err
+    assert "unknown preset 'smok' (did you mean 'smoke'?)" in _error(capsys, ["--preset", "smok"])
+    with pytest.raises(KeyError, match=r"\['num_worker'\] \(did you mean 'num_workers'\?\)"):
+        TrainConfig.from_dict({"num_worker": 4})
+    # a schedule's horizon while its feature is off: a warning (quickstart), not a refusal
+    off = TrainConfig(novelty_steps=5, anneal_steps=5, anneal_lr=False, anneal_clip=False)
+    assert [line.split(" ")[0] for line in off.unused_settings()] == [
+        "novelty_steps=5",
+        "anneal_steps=5",
+    ]
+    with pytest.raises(ValueError, match="novelty_steps=5 is shorter than one update"):
+        TrainConfig(novelty_steps=5, novelty_bonus=0.1)
+    with pytest.raises(ValueError, match="anneal_steps=5 is shorter than one update"):
+        TrainConfig(anneal_steps=5)
+    help_text = " ".join(build_parser().format_help().split())
+    assert "(default: 'INFO'; one of DEBUG, INFO, WARNING, ERROR, CRITICAL)" in help_text
