@@ -222,6 +222,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, novelty):
         for key in (
             "env_steps",
             "episode_return_mean",
+            "episode_length_mean",  # its window restored too
             "loss_objective",
             "loss_critic",
             "kl_approx",

@@ -125,6 +125,15 @@ def test_state_of_separate_copies_goes_on_exactly():
     env.set_state(env.copies_state(pickle.loads(pickle.dumps(copies.envs))))
     for _ in range(60):
         _assert_same_step(env.step(np.array([0, 1, 1])), copies.step(np.array([0, 1, 1])))
+    # their time limits' counters come along: restarted at 0, episodes were cut up to 500
+    # steps late after such a resume (the 85 steps above never reach the limit)
+    short = [make_env(CARTPOLE_NOVEL_ID, max_episode_steps=10) for _ in range(2)]
+    for i, copy in enumerate(short):
+        copy.reset(seed=i)
+        for action in (0, 1, 0, 1, 0):
+            copy.step(action)
+    counts = CartPoleNoVelVectorEnv(2, max_episode_steps=10).copies_state(short)["elapsed"]
+    assert counts.tolist() == [5, 5]
 
 
 @pytest.mark.parametrize(

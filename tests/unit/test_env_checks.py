@@ -429,3 +429,32 @@ def test_observations_the_float32_check_must_take():
     vector.reset(seed=0)
     for _ in range(5):
         vector.step(np.zeros(2, dtype=np.int64))
+
+
+class _ShiftedDiscreteObs(FaultyEnv):
+    """``Discrete(4, start=10)`` observations, a float ``10.7`` from step ``AT`` on."""
+
+    observation_space = gym.spaces.Discrete(4, start=10)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return 10, {}
+
+    def step(self, action):
+        self.t += 1
+        return (10.7 if self.t >= AT else 11), 1.0, False, False, {}
+
+
+@pytest.mark.parametrize("how", ["single", "vector"])
+def test_observations_are_checked_before_their_space_is_converted(how):
+    # the conversion to Discrete(4) subtracts the start: 10.7 became 0 (a valid index) in the
+    # vector envs' sub-envs, whose own check (off by default there) was needed first
+    if "rppo_td_test/ShiftedDiscreteObs-v0" not in gym.registry:
+        gym.register("rppo_td_test/ShiftedDiscreteObs-v0", entry_point=_ShiftedDiscreteObs)
+    with pytest.raises(EnvError) as info:
+        _drive("rppo_td_test/ShiftedDiscreteObs-v0", how)
+    _check_message(
+        info.value,
+        "rppo_td_test/ShiftedDiscreteObs-v0",
+        "observation has dtype float64, expected one castable to int64",
+    )

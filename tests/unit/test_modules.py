@@ -966,3 +966,55 @@ def test_box_actions_start_inside_their_bounds(low, width, seed):
     assert "action_head.center" not in net.state_dict()  # it follows from the space
     if float(space.low[0]) <= 0.0 <= float(space.high[0]) and low == -high:
         assert torch.equal(mean, out)  # symmetric spaces: the arithmetic of before
+
+
+def _separate_lstm_net() -> RecurrentActorCritic:
+    torch.manual_seed(0)
+    return RecurrentActorCritic(BOX, gym.spaces.Discrete(2), recurrence="lstm", hidden_size=8)
+
+
+def _zero_state(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros(rows, 1, 8), torch.zeros(rows, 1, 8)
+
+
+def test_a_separate_critic_runs_on_its_own_trunk():
+    # the values (and the critic's scanned states) taken from the actor's trunk: the value
+    # loss moving the policy's features, the critic's own trunk dead weight, no error
+    net = _separate_lstm_net()
+    obs = TensorDict({"observation": torch.randn(2, 5, 3)}, batch_size=[2, 5])
+    value, final = net.value(obs, _zero_state(2))
+    value.sum().backward()
+    assert all(p.grad is None for p in net.actor_trunk.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in net.critic_trunk.parameters())
+    with torch.no_grad():
+        _, scanned = net.scan(obs, _zero_state(2), torch.zeros(2, 5, dtype=torch.bool), critic=True)
+        _, actor = net.scan(obs, _zero_state(2), torch.zeros(2, 5, dtype=torch.bool))
+    for a, b in zip(scanned, final, strict=True):
+        torch.testing.assert_close(a, b.detach())
+    assert not torch.equal(scanned[0], actor[0])
+
+
+def test_an_inactive_position_neither_steps_nor_resets_the_state():
+    # is_init at a skipped (padded) position zeroed the state carried past it
+    net = _separate_lstm_net()
+    obs = TensorDict({"observation": torch.randn(1, 3, 3)}, batch_size=[1, 3])
+    with torch.no_grad():
+        entering, _ = net.scan(
+            obs,
+            _zero_state(1),
+            is_init=torch.tensor([[False, True, False]]),
+            active=torch.tensor([[True, False, True]]),
+        )
+        _, after_first = net.scan(obs[:, :1], _zero_state(1), torch.zeros(1, 1, dtype=torch.bool))
+    for state, expected in zip(entering, after_first, strict=True):
+        torch.testing.assert_close(state[:, 2], expected)  # what position 0 left
+        assert state[:, 2].abs().sum() > 0
+
+
+def test_a_grayscale_image_is_one_channel():
+    # an [H, W] image read as H channels of width 1 trains, on rows as channels
+    net = RecurrentActorCritic(
+        gym.spaces.Box(0, 255, (10, 12), np.uint8), gym.spaces.Discrete(2), hidden_size=8
+    )
+    conv = next(m for m in net.actor_trunk.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.in_channels == 1

@@ -201,3 +201,40 @@ def test_unchanged_spaces_add_no_wrapper():
     assert "CanonicalSpaces" not in str(env)
     assert isinstance(env.env, EnvChecker)  # directly below the time limit
     assert env.observation_space is env.env.observation_space
+
+
+class _RecordsBoxActions(gym.Env):
+    """A ``Box(-1, 1, (2, 3))`` action space; keeps the action each step receives."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (2, 3), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.received = np.array(action)
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_multi_dimensional_spaces_flatten_in_row_major_order():
+    # an action unflattened in another order stays inside symmetric bounds: the wrong
+    # entries would reach the wrong actuators, silently; so would bounds or category counts
+    # flattened in another order than the values
+    from rppo_td.envs._spaces import (
+        CanonicalSpaces,
+        canonical_action_space,
+        canonical_observation_space,
+    )
+
+    env = CanonicalSpaces(_RecordsBoxActions(), "records")
+    env.reset(seed=0)
+    flat = np.arange(6, dtype=np.float32) / 10
+    env.step(flat)
+    np.testing.assert_array_equal(env.unwrapped.received, flat.reshape(2, 3))
+    low = np.array([[0.0, 1.0], [2.0, 3.0]], np.float32)
+    box = canonical_action_space(gym.spaces.Box(low, low + 10), env_id="x")
+    assert box.low.tolist() == [0, 1, 2, 3] and box.high.tolist() == [10, 11, 12, 13]
+    grid = gym.spaces.MultiDiscrete([[2, 5], [3, 4]], start=[[1, 0], [0, 0]])
+    assert canonical_observation_space(grid, env_id="x").nvec.tolist() == [2, 5, 3, 4]

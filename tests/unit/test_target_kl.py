@@ -188,6 +188,15 @@ def test_a_row_cut_short_is_dropped_not_appended_onto_and_gaps_are_named(tmp_pat
     with caplog.at_level("INFO"):
         _truncate_rows(path, last_update=8)
     assert "lacks the rows of updates 3-5, 8 (of 1-8" in caplog.text
+    # every row whole, the last one's line end lost: the file ends a line again, so the next
+    # row appended is a row of its own (it was glued onto update 7's, both then dropped)
+    path.write_bytes(path.read_bytes().rstrip(b"\r\n"))
+    _truncate_rows(path, last_update=7)
+    assert path.read_bytes().endswith(b"\n")
+    with path.open("a", newline="") as f:
+        csv.DictWriter(f, fieldnames=METRIC_FIELDS).writerow({n: 9 for n in METRIC_FIELDS})
+    with path.open(newline="") as f:
+        assert [r["update"] for r in csv.DictReader(f)] == ["1", "2", "6", "7", "9"]
 
 
 def test_a_step_whose_gradient_is_not_finite_is_skipped_and_named(caplog):
