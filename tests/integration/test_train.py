@@ -843,6 +843,9 @@ def test_a_trainer_runs_once_and_a_python_resume_checks_its_settings(tmp_path):
         Trainer(resume, given={"gama": 0.9})  # an AttributeError from inside
     with pytest.raises(ValueError, match=r"gamma must be a finite number in \[0.0, 1.0\], got 7"):
         Trainer(resume, given={"gamma": 7})  # was "checkpoint 0.99, requested 7"
+    # a runtime setting is checked against the resumed run's settings, not the defaults
+    with pytest.raises(ValueError, match="env_processes=3 must divide num_workers=4"):
+        Trainer(resume.replace(env_processes=3))
     # a config changed after it was built is checked again (a ZeroDivisionError inside)
     changed = TrainConfig(**{**TINY, "output": str(tmp_path / "other")})
     changed.num_workers = 0

@@ -638,5 +638,9 @@ def test_settings_from_a_file_or_python_are_read_as_a_user_means_them(tmp_path, 
         TrainConfig(novelty_steps=5, novelty_bonus=0.1)
     with pytest.raises(ValueError, match="anneal_steps=5 is shorter than one update"):
         TrainConfig(anneal_steps=5)
+    # a resume's runtime settings were checked against the default 128 workers: the
+    # --env-processes 3 of a run of 6 was refused before its checkpoint was read
+    config, given = config_from_args(["--resume", str(tmp_path / "run"), "--env-processes", "3"])
+    assert config.env_processes == 3 and given["env_processes"] == 3
     help_text = " ".join(build_parser().format_help().split())
     assert "(default: 'INFO'; one of DEBUG, INFO, WARNING, ERROR, CRITICAL)" in help_text
