@@ -68,3 +68,17 @@ def test_rollouts_are_built_on_the_device():
     assert td["next", "reward"].device.type == "cuda"
     out = GAE(gamma=0.99, lmbda=0.95, value_network=RecurrentCritic(net))(td)
     assert out["advantage"].device.type == "cuda"
+
+
+def test_a_resumed_collector_stops_at_its_total_frames():
+    # the frames counted were not restored: a resumed collector ran its whole budget again
+    first, _ = _collector()
+    first.total_frames = 3 * W * T
+    next(iter(first))
+    state = first.state_dict()
+    first.shutdown()
+    second, _ = _collector()
+    second.total_frames = 3 * W * T
+    second.load_state_dict(state)
+    assert len(list(second)) == 2
+    second.shutdown()

@@ -370,3 +370,20 @@ def test_hash_collisions_fall_back_to_exact_numbering(monkeypatch):
             row = tuple(nxt[w, t].tolist())
             assert bool(got[w, t]) == (row not in seen)
             seen.add(row)
+
+
+def test_an_empty_rollout_keeps_the_carry():
+    # a [W, 0] rollout returned an empty carry: the next rollout paid again for what its
+    # episode had already seen
+    from rppo_td import functional
+
+    _, carry = functional.episodic_novelty(
+        torch.tensor([[[0]]]), torch.tensor([[[1]]]), torch.tensor([[True]])
+    )
+    empty = torch.zeros(1, 0, 1, dtype=torch.int64)
+    _, kept = functional.episodic_novelty(empty, empty, torch.zeros(1, 0, dtype=torch.bool), carry)
+    assert sorted(kept.rows.squeeze(1).tolist()) == [0, 1] and kept.worker.tolist() == [0, 0]
+    novel, _ = functional.episodic_novelty(
+        torch.tensor([[[1]]]), torch.tensor([[[0]]]), torch.tensor([[False]]), kept
+    )
+    assert novel.tolist() == [[False]]

@@ -74,3 +74,16 @@ def test_scaled_rewards_scale_the_returns_the_critic_learns():
 def test_reward_scale_must_be_positive():
     with pytest.raises(ValueError, match="reward_scale must be"):
         TrainConfig(reward_scale=0.0)
+
+
+def test_the_novelty_bonus_is_scaled_with_the_reward():
+    # scaled before the bonus was added, the bonus escaped reward_scale (0.01: 100x stronger
+    # against the reward than set)
+    from rppo_td import EpisodicNoveltyBonus
+
+    rollout = _rollout()  # float observations: every next observation is new
+    update = _update(0.1)
+    update.novelty = EpisodicNoveltyBonus(1.0)
+    out = update.prepare(rollout.clone())
+    assert out["next", "novel"].all()
+    torch.testing.assert_close(out["next", "reward"], 0.1 * (rollout["next", "reward"] + 1.0))

@@ -461,3 +461,41 @@ def test_an_mp4_keeps_a_fractional_rate(tmp_path):
 def test_an_empty_checkpoint_path_is_refused_by_name(capsys):
     err = _refused(capsys, "--checkpoint", "")
     assert "--checkpoint must name a run directory or its checkpoint.pt, got ''" in err
+
+
+class _RendersRGBA:
+    """An env stand-in whose ``render()`` gives a ``(4, 6, 4)`` RGBA frame: red 10, opaque."""
+
+    def render(self):
+        frame = np.zeros((4, 6, 4), dtype=np.uint8)
+        frame[..., 0], frame[..., 3] = 10, 255
+        return frame
+
+
+def test_an_rgba_frame_loses_its_alpha():
+    # 4 bytes a pixel fed to the MP4 writer's rgb24 stream garble the video
+    frame = render_frame(_RendersRGBA(), "fake")
+    assert frame.shape == (4, 6, 3)
+    assert (frame[..., 0] == 10).all() and (frame[..., 1:] == 0).all()
+
+
+def test_odd_sided_mp4_frames_are_padded_with_their_edges(tmp_path):
+    # H.264 wants even sides: without the padding imageio stretched the frame instead
+    imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+    frame = np.zeros((17, 15, 3), dtype=np.uint8)
+    frame[-1], frame[:, -1] = 255, 255  # last row and last column white
+    writer = VideoWriter(check_video_path(tmp_path / "odd.mp4"), fps=4)
+    for _ in range(3):
+        writer.add(frame)
+    out = writer.close()
+    with warnings.catch_warnings():  # read_frames leaves ffmpeg's pipes to the collector
+        warnings.simplefilter("ignore", ResourceWarning)
+        reader = imageio_ffmpeg.read_frames(str(out))
+        meta = next(reader)
+        got = np.frombuffer(next(reader), dtype=np.uint8).reshape(18, 16, 3).astype(int)
+        reader.close()
+        del reader
+        gc.collect()
+    assert meta["size"] == (16, 18)
+    assert got[:15, :13].mean() < 8  # H.264 is lossy
+    assert np.abs(got[16:] - 255).mean() < 24 and np.abs(got[:, 14:] - 255).mean() < 24
