@@ -69,10 +69,26 @@ class ActionPays(gym.Env):
         return np.zeros(2, np.float32), float(action[0]), True, False, {}
 
 
+class ActionPaysFiveSteps(ActionPays):
+    """``ActionPays`` over 5 steps of zero observations: only the carried state varies."""
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return super().reset(seed=seed)
+
+    def step(self, action):
+        self.t += 1
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, self.t >= 5, truncated, info
+
+
+ACTION_PAYS_5 = "rppo_td_test/ActionPaysFiveSteps-v0"
+
 for _id, _entry in (
     (SEEDED_LENGTH, SeededLength),
     (TRUNCATED_AT_3, TruncatedAt3),
     (ACTION_PAYS, ActionPays),
+    (ACTION_PAYS_5, ActionPaysFiveSteps),
 ):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry)
@@ -110,3 +126,58 @@ def test_box_actions_are_clipped_into_the_space_before_the_env():
     with torch.no_grad():
         head.linear.bias.fill_(-5.0)
     assert evaluate_agent(agent, ACTION_PAYS, episodes=1, seed=0)["eval_returns"] == [-1.0]
+
+
+def test_only_the_cut_episodes_are_counted_as_cut():
+    result = evaluate_agent(
+        _agent(SEEDED_LENGTH), SEEDED_LENGTH, episodes=3, seed=0, max_episode_steps=2
+    )
+    assert (result["eval_returns"], result["eval_cut_episodes"]) == ([1.0, 2.0, 2.0], 1)
+
+
+def test_the_recurrent_state_is_carried_through_an_episode():
+    # reset at every step, the recurrent agent was scored as a memoryless one, silently
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    from rppo_td.modules import RecurrentActor, observation_to_tensordict
+
+    torch.manual_seed(0)
+    agent = _agent(ACTION_PAYS_5)
+    scored = evaluate_agent(agent, ACTION_PAYS_5, episodes=1, seed=0)["eval_returns"][0]
+    actor, actions = RecurrentActor(agent), []  # one env stepped by hand, the state fed on
+    zeros = np.zeros((1, 2), np.float32)
+    td = observation_to_tensordict(zeros, agent.leaves, (1,))
+    td.set("is_init", torch.ones(1, 1, dtype=torch.bool))
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        for _ in range(5):
+            actor(td)
+            actions.append(float(np.clip(td["action"].numpy(), -1.0, 1.0)[0, 0]))
+            following = observation_to_tensordict(zeros, agent.leaves, (1,))
+            for key in actor.state_keys:
+                following.set(key, td.get(("next", key)))
+            following.set("is_init", torch.zeros(1, 1, dtype=torch.bool))
+            td = following
+    assert len(set(actions)) > 1  # the carried state changes the action
+    assert np.isclose(scored, sum(actions), rtol=1e-6)
+
+
+def test_rppo_eval_stochastic_samples(tmp_path, monkeypatch):
+    # --stochastic must reach the evaluation: the mode evaluated instead, silently
+    from rppo_td.evaluate import main as eval_main
+    from rppo_td.train import _evaluate
+    from rppo_td.train import main as train_main
+
+    run = tmp_path / "run"
+    argv = ["--env", "CartPole-v1", "--total-steps", "256", "--num-workers", "2"]
+    argv += ["--rollout-steps", "64", "--eval-episodes", "0", "--no-progress"]
+    assert train_main([*argv, "--output", str(run)]) == 0
+    seen, real = [], _evaluate.evaluate_agent
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_evaluate, "evaluate_agent", spy)
+    assert eval_main(["--checkpoint", str(run), "--episodes", "2", "--stochastic"]) == 0
+    assert eval_main(["--checkpoint", str(run), "--episodes", "2"]) == 0
+    assert seen == [False, True]

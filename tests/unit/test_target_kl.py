@@ -217,3 +217,42 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_and_named(caplog):
     assert update.skipped < 4 or all(
         torch.equal(p, before[name]) for name, p in update.loss.named_parameters()
     )
+
+
+def test_an_epoch_whose_mean_kl_equals_the_target_does_not_stop():
+    # the rule is "exceeds" (as TorchRL's and sb3's)
+    update = _update(epochs=3, num_minibatches=2, target_kl=0.5)
+    update._step = lambda batch: {"kl_k3": torch.tensor(0.5), "loss_total": torch.tensor(1.0)}
+    assert update(_rollout(), clip_epsilon=0.2)["epochs"] == 3
+
+
+def test_the_stop_compares_kl_k3():
+    # kl_approx (about 3.4e-3 here against kl_k3's 7e-6) stopped after the first epoch; it
+    # can be negative too, and never stop
+    update = _update(epochs=4, num_minibatches=2, target_kl=1e-3)
+    seen, real = [], update._step
+
+    def step(batch):
+        seen.append(real(batch))
+        return seen[-1]
+
+    update._step = step
+    out = update(_rollout(), clip_epsilon=0.2)
+    kls = [float(stats["kl_k3"]) for stats in seen]
+    assert out["epochs"] == _expected_epochs(kls + [0.0] * 8, 4, 2, 1e-3) and out["epochs"] > 1
+
+
+def test_skipped_steps_are_counted_per_update_and_leave_the_optimizer_alone():
+    # the count added up over updates (every later update reported skipped steps), and a
+    # skipped step still ran Adam: momentum moved the parameters, its step count went up
+    update = _update(epochs=2, num_minibatches=1, target_kl=0.0)
+    update(_rollout(), clip_epsilon=0.2)  # Adam now has momentum
+    before = [p.detach().clone() for p in update.parameters]
+    steps = [state["step"].clone() for state in update.optimizer.state.values()]
+    bad = _rollout()
+    bad["next", "reward"][0, 3] = 1e38  # one minibatch: every step is not finite
+    assert update(bad, clip_epsilon=0.2)["skipped_steps"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, update.parameters, strict=True))
+    assert [state["step"] for state in update.optimizer.state.values()] == steps
+    assert update(_rollout(), clip_epsilon=0.2)["skipped_steps"] == 0
+    assert update.skipped == 0
