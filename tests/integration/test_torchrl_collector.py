@@ -406,3 +406,60 @@ class _DiscreteStartEnv(gym.Env):
 
     def step(self, action):
         return 11, 0.0, True, False, {}
+
+
+PENDULUM_5 = "rppo_td_test/PendulumFiveSteps-v1"
+if PENDULUM_5 not in gym.registry:
+    gym.register(
+        id=PENDULUM_5,
+        entry_point="gymnasium.envs.classic_control.pendulum:PendulumEnv",
+        max_episode_steps=5,
+    )
+
+
+def _ended_in_order(done: torch.Tensor) -> list[int]:
+    """The lengths of the episodes ending in ``done`` ``[W, T]``, by step then worker."""
+    lengths, start = [], [0] * done.shape[0]
+    for t in range(done.shape[1]):
+        for w in range(done.shape[0]):
+            if done[w, t]:
+                lengths.append(t + 1 - start[w])
+                start[w] = t + 1
+    return lengths
+
+
+def test_episode_statistics_restart_with_a_new_seed_and_sum_the_rewards():
+    # after set_seed the episodes ended before it were still reported and the running
+    # returns and lengths carried on; CartPole pays 1 a step, so a return taken from one
+    # step's reward only still equalled the length: Pendulum's rewards vary
+    net = make_net(shared_critic=False)
+    collector = TorchRLCollector(
+        SHORT_ID, net, policy_of(net), num_workers=3, rollout_steps=12, seed=0
+    )
+    try:
+        collector.rollout()
+        collector.rollout()  # episodes ended, others running, when the seed changes
+        collector.set_seed(3)
+        assert collector.episodes.pop() == ([], [], [])
+        td = collector.rollout()
+        returns, lengths, _ = collector.episodes.pop()
+    finally:
+        collector.shutdown()
+    expected = _ended_in_order(td["next", "done"].squeeze(-1))
+    assert lengths == expected and returns == [float(n) for n in expected]
+
+    torch.manual_seed(0)
+    env = make_env(PENDULUM_5)
+    net = RecurrentActorCritic(env.observation_space, env.action_space, hidden_size=8)
+    collector = TorchRLCollector(
+        PENDULUM_5, net, policy_of(net), num_workers=2, rollout_steps=10, seed=0
+    )
+    try:
+        td = collector.rollout()
+        returns, lengths, _ = collector.episodes.pop()
+    finally:
+        collector.shutdown()
+    reward = td["next", "reward"].squeeze(-1).double()
+    sums = [float(reward[w, t - 4 : t + 1].sum()) for t in (4, 9) for w in range(2)]
+    assert lengths == [5, 5, 5, 5]
+    np.testing.assert_allclose(returns, sums, rtol=1e-9)

@@ -275,3 +275,9 @@ def test_what_a_sync_vector_env_user_reads():
             call()
     with pytest.raises(NotImplementedError, match="arrays=False"):
         ours.set_attr("x", [1, 2, 3])
+
+
+def test_a_bool_count_of_envs_is_refused_by_name():
+    # True passed as 1 env, then failed later in an unclear TypeError
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got True"):
+        CartPoleNoVelVectorEnv(num_envs=True)
