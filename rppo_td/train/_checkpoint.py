@@ -408,4 +408,6 @@ def check_resumable(saved: TrainConfig, given: dict[str, Any]) -> TrainConfig:
             "with the same settings, or start a new run in another --output directory."
         )
     runtime = {k: v for k, v in given.items() if k in RUNTIME_FIELDS and k != "resume"}
-    return saved.replace(**runtime)
+    resumed = saved.replace(**runtime)
+    resumed.check_combinations()  # in full, whatever the saved config's resume holds
+    return resumed

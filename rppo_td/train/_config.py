@@ -420,12 +420,16 @@ class TrainConfig:
                 "resume and overwrite contradict each other: --resume continues the run in "
                 "its directory, --overwrite deletes it; give one"
             )
-        if self.resume:
-            # the other settings are the checkpoint's: those given are compared with it, and
-            # the config resumed (the checkpoint's, with the runtime settings given) is
-            # checked in full; checked here against the defaults, TrainConfig(resume=...,
-            # total_steps=256) of a run of 128-step rollouts was less than a default rollout
-            return
+        if not self.resume:
+            # with resume the other settings are the checkpoint's: those given are compared
+            # with it, and the config resumed (the checkpoint's, with the runtime settings
+            # given) is checked in full (check_combinations); checked here against the
+            # defaults, TrainConfig(resume=..., total_steps=256) of a run of 128-step
+            # rollouts was less than a default rollout
+            self.check_combinations()
+
+    def check_combinations(self) -> None:
+        """Raises ``ValueError`` where settings contradict each other (``validate``'s end)."""
         if self.rollout_steps * self.num_workers > self.total_steps:
             raise ValueError(
                 f"total_steps={self.total_steps} is less than one rollout "

@@ -642,5 +642,10 @@ def test_settings_from_a_file_or_python_are_read_as_a_user_means_them(tmp_path, 
     # --env-processes 3 of a run of 6 was refused before its checkpoint was read
     config, given = config_from_args(["--resume", str(tmp_path / "run"), "--env-processes", "3"])
     assert config.env_processes == 3 and given["env_processes"] == 3
+    from rppo_td.train._checkpoint import check_resumable
+
+    saved = TrainConfig(num_workers=4, rollout_steps=16, total_steps=256, resume="elsewhere")
+    with pytest.raises(ValueError, match="env_processes=3 must divide num_workers=4"):
+        check_resumable(saved, {"env_processes": 3})  # checked in full, resume or not
     help_text = " ".join(build_parser().format_help().split())
     assert "(default: 'INFO'; one of DEBUG, INFO, WARNING, ERROR, CRITICAL)" in help_text
