@@ -356,7 +356,7 @@ class EnvChecker(gym.Wrapper):
                 raise self._error(f"in step(), {problem}")
         if not _isfinite(reward):
             raise self._error(f"in step(), reward is {reward!r}, expected a finite number")
-        if abs(reward) >= _FLOAT32_EDGE:
+        if not _storable(reward):  # finite here: beyond float32's range
             raise self._error(
                 f"in step(), reward is {reward!r}, beyond float32's range (magnitude at most "
                 f"{_FLOAT32_MAX:.4g}), the dtype rollouts store rewards in: it would be inf; "

@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 
@@ -196,10 +195,8 @@ def _thread_error(args: threading.ExceptHookArgs) -> None:
 def _error(err: BaseException | str, ranks: Ranks | None = None) -> None:
     """``rppo-train: error: ...`` on stderr; with ``ranks``, the rank and host first."""
     message = err.args[0] if isinstance(err, KeyError) and err.args else err
-    if ranks is not None:
-        where = f"rank {ranks.rank} on {socket.gethostname()}"
-        if not str(message).startswith(f"rank {ranks.rank} "):
-            message = f"{where}: {message}"
+    if ranks is not None and not str(message).startswith(f"rank {ranks.rank} "):
+        message = f"{ranks.where}: {message}"
     # one write, line and newline together: print() writes them apart, and the lines of
     # torchrun's ranks, which share one stderr, ran into each other between the two
     sys.stderr.write(f"rppo-train: error: {message}\n")

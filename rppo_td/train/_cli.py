@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import re
 import typing
 from importlib import resources
@@ -18,6 +17,7 @@ from rppo_td.train._config import (
     RENAMED,
     RUNTIME_FIELDS,
     TrainConfig,
+    close_matches,
     did_you_mean,
     field_hints,
     renamed_settings,
@@ -163,11 +163,8 @@ def _close_flags(parser: argparse.ArgumentParser, unrecognized: str) -> str:
         for option in action.option_strings
         if option.startswith("--")
     ]
-    hints = []
-    for word in unrecognized.split():
-        flag = word.split("=", 1)[0]
-        if flag.startswith("--"):
-            hints += [m for m in difflib.get_close_matches(flag, known, n=1) if m not in hints]
+    flags = [word.split("=", 1)[0] for word in unrecognized.split() if word.startswith("--")]
+    hints = close_matches(flags, known)
     return f"; did you mean {' or '.join(hints)}?" if hints else ""
 
 

@@ -86,11 +86,17 @@ def unknown_settings(values: dict[str, Any]) -> list[str]:
     return sorted(set(values) - set(field_hints()) - set(RENAMED))
 
 
+def close_matches(names: list[str], known: list[str]) -> list[str]:
+    """The closest of ``known`` to each of ``names`` that has a close one, each once."""
+    close: list[str] = []
+    for name in names:
+        close += [m for m in difflib.get_close_matches(name, known, n=1) if m not in close]
+    return close
+
+
 def did_you_mean(names: str | list[str], known: list[str]) -> str:
     """``" (did you mean 'x'?)"`` for the names close to one of ``known`` (``""``: none)."""
-    close: list[str] = []
-    for name in [names] if isinstance(names, str) else names:
-        close += [m for m in difflib.get_close_matches(name, known, n=1) if m not in close]
+    close = close_matches([names] if isinstance(names, str) else names, known)
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 

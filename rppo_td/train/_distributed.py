@@ -10,6 +10,7 @@ step), so the parameters stay identical; rank 0 alone writes the run's files.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,11 @@ class Ranks:
     def distributed(self) -> bool:
         """More than one rank."""
         return self.world_size > 1
+
+    @property
+    def where(self) -> str:
+        """``rank R on HOST``, for messages (torchrun's ranks share one stderr)."""
+        return f"rank {self.rank} on {socket.gethostname()}"
 
     @classmethod
     def from_environment(cls) -> Ranks:

@@ -12,7 +12,6 @@ import numbers
 import pickle
 import re
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -186,9 +185,7 @@ class Trainer:
             except ValueError as err:
                 self.release()
                 if not self.ranks.main:  # each rank reads its own copy (another node's disk)
-                    raise ValueError(
-                        f"rank {self.ranks.rank} on {socket.gethostname()}: {err}"
-                    ) from err
+                    raise ValueError(f"{self.ranks.where}: {err}") from err
                 raise
             except BaseException:
                 self.release()

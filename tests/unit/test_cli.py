@@ -291,13 +291,13 @@ def test_a_collective_broken_off_by_another_rank_is_one_line(monkeypatch, capsys
 def test_a_rank_that_fails_says_which_rank_and_host(monkeypatch, capsys):
     # torchrun's ranks share one stderr: an env fault on rank 1 of several nodes named no rank
     import socket
-    import types
 
     import rppo_td.train as train
     from rppo_td.envs import EnvError
+    from rppo_td.train._distributed import Ranks
 
     class Failing:
-        ranks = types.SimpleNamespace(distributed=True, rank=1, main=False)
+        ranks = Ranks(rank=1, world_size=2)
         saved_update = 0
         error: Exception = EnvError("env 'X-v0': raised RuntimeError in step(): boom")
 
@@ -315,7 +315,7 @@ def test_a_rank_that_fails_says_which_rank_and_host(monkeypatch, capsys):
     Failing.error = ValueError(f"{where}: already says where")  # not said twice
     assert train.main(["--preset", "smoke", "--no-progress"]) == 1
     assert capsys.readouterr().err == f"rppo-train: error: {where}: already says where\n"
-    Failing.ranks = types.SimpleNamespace(distributed=False, rank=0, main=True)
+    Failing.ranks = Ranks()
     Failing.error = ValueError("bad input")
     assert train.main(["--preset", "smoke", "--no-progress"]) == 1  # one process: no prefix
     assert capsys.readouterr().err == "rppo-train: error: bad input\n"
