@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rppo_td._validation import integer
+
 __all__ = [
     "all_reduce",
     "check_process_group",
@@ -30,30 +32,32 @@ def _is_initialized() -> bool:
     return bool(dist.is_available() and dist.is_initialized())
 
 
-def check_shard_args(rank: object, world_size: object, owner: str) -> None:
-    """Refuses a ``rank``/``world_size`` pair that cannot name a shard (``ValueError``).
+def check_shard_args(
+    rank: object, world_size: object, owner: str
+) -> tuple[int, int] | tuple[None, None]:
+    """``(rank, world_size)`` as ints, or a ``ValueError`` for a pair that names no shard.
 
-    Both None (read from the default process group, or one process), or both ints with
-    ``world_size >= 1`` and ``0 <= rank < world_size``.
+    Both None (read from the default process group, or one process; returned as given), or
+    both integers (numpy's too) with ``world_size >= 1`` and ``0 <= rank < world_size``.
     """
     if (rank is None) != (world_size is None):
         raise ValueError(
             f"{owner} needs rank and world_size together (or neither, to read them from the "
             f"default process group), got rank={rank!r}, world_size={world_size!r}"
         )
-    if rank is None:
-        return
-    for name, value in (("rank", rank), ("world_size", world_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{owner}: {name} must be an int, got {value!r}")
-    if not isinstance(rank, int) or not isinstance(world_size, int):  # checked above
-        return
+    if rank is None or world_size is None:
+        return None, None
+    rank, world_size = (
+        integer(f"{owner}: {name}", value)
+        for name, value in (("rank", rank), ("world_size", world_size))
+    )
     if world_size < 1:
         raise ValueError(f"{owner}: world_size must be >= 1, got world_size={world_size}")
     if not 0 <= rank < world_size:
         raise ValueError(
             f"{owner}: rank must be in [0, world_size) = [0, {world_size}), got rank={rank}"
         )
+    return rank, world_size
 
 
 def resolve_shard(rank: int | None, world_size: int | None) -> tuple[int, int]:

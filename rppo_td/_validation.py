@@ -41,9 +41,11 @@ __all__ = [
     "get_key",
     "MissingKeyError",
     "implies",
+    "integer",
     "none_true",
     "rollout_shape",
     "tensor_leaves",
+    "optional_count",
     "whole_at_least",
 ]
 
@@ -145,15 +147,26 @@ def check_shape(name: NestedKey | str, x: torch.Tensor, expected: Sequence[int])
         raise ValueError(f"{_name(name)} must have shape {list(expected)}, got {list(x.shape)}")
 
 
-def check_batch_dims(batch_dims: object, name: str, x: torch.Tensor) -> None:
-    """Raises a ``ValueError`` unless ``batch_dims`` is an int in ``[1, x.ndim]``."""
-    if isinstance(batch_dims, bool) or not isinstance(batch_dims, int):
-        raise ValueError(f"batch_dims must be an int, got {batch_dims!r}")
+def integer(name: str, value: object) -> int:
+    """``value`` as a Python ``int``, or a ``ValueError`` naming ``name``.
+
+    Any integer type is taken (numpy's too: a sweep's grid, a value read from an array),
+    bools, floats (``2.0``), strings and tensors are not.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def check_batch_dims(batch_dims: object, name: str, x: torch.Tensor) -> int:
+    """``batch_dims`` as an ``int``, or a ``ValueError`` unless it is one in ``[1, x.ndim]``."""
+    batch_dims = integer("batch_dims", batch_dims)
     if not 1 <= batch_dims <= x.ndim:
         raise ValueError(
             f"batch_dims must be in [1, {name}.ndim = {x.ndim}] for {name} of shape "
             f"{list(x.shape)}, got {batch_dims}"
         )
+    return batch_dims
 
 
 def check_dtype(name: NestedKey | str, x: torch.Tensor, dtype: torch.dtype) -> None:
@@ -345,12 +358,21 @@ def check_int_at_least(name: str, value: object, low: int) -> None:
 def whole_at_least(name: str, value: object, low: int) -> int:
     """``value`` as a Python ``int`` ``>= low``, or a ``ValueError`` naming ``name``.
 
-    Any integer type is taken (numpy's too: a sweep's grid, a value read from an array),
-    bools are not. ``check_int_at_least`` is the stricter twin for counts given as ``int``.
+    Any integer type is taken (``integer``). ``check_int_at_least`` is the stricter twin for
+    counts given as ``int``.
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
+
+
+def optional_count(name: str, value: object) -> int | None:
+    """``value`` as a Python ``int >= 1`` (any integer type, ``integer``), or None as given."""
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+    ):
+        raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+    return None if value is None else int(value)
 
 
 def first_line(err: BaseException, *, limit: int | None = None, sentence: bool = False) -> str:
@@ -394,8 +416,7 @@ def check_time_dim(time_dim: object, ndim: int, *, last_allowed: bool = True) ->
 
     With ``last_allowed=False`` the last dim (GAE's trailing 1) is refused too.
     """
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise ValueError(f"time_dim must be an int, got {time_dim!r}")
+    time_dim = integer("time_dim", time_dim)
     high = ndim if last_allowed else ndim - 1
     dim = time_dim + ndim if time_dim < 0 else time_dim
     if not 0 <= dim < high:
@@ -434,16 +455,14 @@ def check_key_list(name: str, keys: object) -> list[NestedKey]:
     return list(keys)
 
 
-def check_sequence_length(value: object) -> None:
-    """Raises a ``ValueError`` unless ``value`` is an int ``>= 1`` or None."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"sequence_length must be an int >= 1 or None, got {value!r}")
+def check_sequence_length(value: object) -> int | None:
+    """``value`` as an ``int >= 1`` (any integer type) or None, else a ``ValueError``."""
+    return optional_count("sequence_length", value)
 
 
-def check_pad_to(value: object) -> None:
-    """Raises a ``ValueError`` unless ``value`` is an int ``>= 1`` or None."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"pad_to must be an int >= 1 or None, got {value!r}")
+def check_pad_to(value: object) -> int | None:
+    """``value`` as an ``int >= 1`` (any integer type) or None, else a ``ValueError``."""
+    return optional_count("pad_to", value)
 
 
 COLLECTOR_MASK: tuple[str, str] = ("collector", "mask")

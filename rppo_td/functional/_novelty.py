@@ -73,7 +73,7 @@ def observation_words(observation: torch.Tensor, batch_dims: int = 2) -> torch.T
         torch.Size([1, 2, 1])
     """
     check_tensors({"observation": observation})
-    check_batch_dims(batch_dims, "observation", observation)
+    batch_dims = check_batch_dims(batch_dims, "observation", observation)
     batch = observation.shape[:batch_dims]
     # the feature size spelled out: -1 cannot be inferred for an empty batch
     features = math.prod(observation.shape[batch_dims:])

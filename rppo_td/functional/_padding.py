@@ -12,6 +12,7 @@ from rppo_td._validation import (
     check_not_meta,
     check_tensors,
     check_values,
+    integer,
 )
 
 __all__ = ["pad_sequences", "padding_positions", "unpad_sequences"]
@@ -74,7 +75,7 @@ def pad_sequences(
                 [3, 0]])
     """
     check_tensors({"x": x, "flat_index": flat_index, "pad_positions": pad_positions})
-    check_batch_dims(batch_dims, "x", x)
+    batch_dims = check_batch_dims(batch_dims, "x", x)
     if flat_index.ndim != 2:
         raise ValueError(f"flat_index must have shape [B, Lp], got {list(flat_index.shape)}")
     if pad_positions.ndim != 1:
@@ -343,8 +344,7 @@ def unpad_sequences(
         if index.ndim != 1:
             raise ValueError(f"{name} must have shape [R], got {list(index.shape)}")
         check_dtype(name, index, torch.int64)
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int):
-        raise ValueError(f"num_steps must be an int, got {num_steps!r}")
+    num_steps = integer("num_steps", num_steps)
     if not num_steps == flat_destination.numel() == real_positions.numel():
         raise ValueError(
             f"num_steps ({num_steps}), flat_destination ({flat_destination.numel()}) and "

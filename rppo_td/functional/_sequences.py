@@ -133,7 +133,7 @@ def chunk_episodes(
         >>> chunk_episodes(start, 2)
         (tensor([[0, 0, 1, 2, 2]]), tensor([[0, 1, 0, 0, 1]]))
     """
-    check_sequence_length(sequence_length)
+    sequence_length = check_sequence_length(sequence_length)
     check_start(start)
     return chunk_episodes_unchecked(start, sequence_length)
 

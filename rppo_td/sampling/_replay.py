@@ -79,7 +79,7 @@ class SequenceReplaySampler(Sampler):
         balance: Balance = "steps",
         keys: RolloutKeys | None = None,
     ) -> None:
-        check_minibatch_args(num_minibatches, balance, generator)
+        num_minibatches = check_minibatch_args(num_minibatches, balance, generator)
         self.num_minibatches = num_minibatches
         self.generator = generator
         self.balance: Balance = balance

@@ -28,6 +28,7 @@ from rppo_td._validation import (
     check_pad_to,
     check_shape,
     get_key,
+    integer,
     none_true,
     tensor_leaves,
 )
@@ -40,14 +41,14 @@ Balance = Literal["steps", "sequences"]
 
 def check_minibatch_args(
     num_minibatches: int, balance: str, generator: torch.Generator | None = None
-) -> None:
-    """Constructor checks shared by both samplers."""
-    if isinstance(num_minibatches, bool) or not isinstance(num_minibatches, int):
-        raise ValueError(f"num_minibatches must be an int, got {num_minibatches!r}")
+) -> int:
+    """Constructor checks shared by both samplers; ``num_minibatches`` as an ``int``."""
+    num_minibatches = integer("num_minibatches", num_minibatches)
     if num_minibatches < 1:
         raise ValueError(f"num_minibatches must be >= 1, got {num_minibatches}")
     check_balance(balance)
     check_generator(generator)
+    return num_minibatches
 
 
 def mask_conditions(
@@ -341,13 +342,13 @@ class SequenceSampler:
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        check_minibatch_args(num_minibatches, balance, generator)
-        check_pad_to(pad_to)
+        num_minibatches = check_minibatch_args(num_minibatches, balance, generator)
+        pad_to = check_pad_to(pad_to)
         if not isinstance(reuse_memory, bool):
             raise ValueError(f"reuse_memory must be True or False, got {reuse_memory!r}")
         if gather_epoch is not None and not isinstance(gather_epoch, bool):
             raise ValueError(f"gather_epoch must be True, False or None, got {gather_epoch!r}")
-        check_shard_args(rank, world_size, "SequenceSampler")
+        rank, world_size = check_shard_args(rank, world_size, "SequenceSampler")
         self.rank = rank
         self.world_size = world_size
         self.pad_to = pad_to

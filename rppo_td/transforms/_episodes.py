@@ -162,8 +162,7 @@ class SequenceChunker(RolloutTransform):
 
     def __init__(self, *, sequence_length: int | None, keys: RolloutKeys | None = None) -> None:
         super().__init__(keys=keys)
-        check_sequence_length(sequence_length)
-        self.sequence_length = sequence_length
+        self.sequence_length = check_sequence_length(sequence_length)
 
     def _repr_args(self) -> str:
         return f"sequence_length={self.sequence_length}"

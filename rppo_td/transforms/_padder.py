@@ -110,8 +110,7 @@ class SequencePadder(RolloutTransform):
 
     def __init__(self, *, pad_to: int | None = None, keys: RolloutKeys | None = None) -> None:
         super().__init__(keys=keys)
-        check_pad_to(pad_to)
-        self.pad_to = pad_to
+        self.pad_to = check_pad_to(pad_to)
         self._pool = OutputPool()
 
     def _repr_args(self) -> str:
