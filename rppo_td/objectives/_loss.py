@@ -218,6 +218,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 )
             raise TypeError(f"RecurrentPPOLoss got unexpected keyword arguments {unknown}{hint}")
         _check_coefficients(clip_epsilon, entropy_coeff, critic_coeff, clip_value)
+        # TorchRL takes floats and tensors only: a numpy number (np.float32 from a sweep) is
+        # refused by some of its checks, so every real number reaches it as a float
+        clip_epsilon = _as_float(clip_epsilon)
+        critic_coeff = _as_float(critic_coeff)
+        clip_value = clip_value if isinstance(clip_value, bool) else _as_float(clip_value)
+        if isinstance(entropy_coeff, Mapping):
+            entropy_coeff = {key: _as_float(value) for key, value in entropy_coeff.items()}
+        else:
+            entropy_coeff = _as_float(entropy_coeff)
         if kwargs.get("normalize_advantage_exclude_dims"):
             raise ValueError(
                 "RecurrentPPOLoss normalises the advantage over all real steps; "
@@ -928,6 +937,19 @@ def _finite(value: object) -> TypeGuard[float]:
             return False
         value = value.item()
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _as_float(value: Any) -> Any:
+    """A real number (numpy's too, not a tensor) as a ``float``, as given otherwise.
+
+    A pair of them (``clip_epsilon``'s ``(low, high)``) as a tuple of floats; None and tensors
+    unchanged.
+    """
+    if isinstance(value, tuple | list):
+        return tuple(_as_float(item) for item in value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _check_coefficients(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -445,6 +446,21 @@ def test_one_number_tensor_coefficients_are_taken_as_clipppoloss_takes_them():
         _loss(agent, clip_value=torch.tensor([0.1, 0.2]))
     with pytest.raises(ValueError, match=r"needs a batch of steps .* got batch size \[\]"):
         _loss(agent)(batch[0, 0])
+
+
+@pytest.mark.parametrize("kind", [np.float32, np.float64])
+def test_numpy_number_coefficients_are_taken_as_floats(kind):
+    # a sweep's np.linspace: TorchRL refuses np.float32 for some coefficients itself
+    agent = make_agent("lstm")
+    batch = _padded(agent)
+    given = _loss(agent, clip_value=CLIP_VALUE)(batch)
+    for clip in (kind(CLIP), (kind(CLIP), kind(CLIP))):
+        as_numpy = RecurrentPPOLoss(
+            agent.actor, agent.critic, clip_epsilon=clip, entropy_coeff=kind(ENTROPY),
+            critic_coeff=kind(CRITIC), loss_critic_type="l2", clip_value=kind(CLIP_VALUE),
+        )(batch)  # fmt: skip
+        for key in ("loss_objective", "loss_critic", "loss_entropy", "value_clip_fraction"):
+            torch.testing.assert_close(as_numpy[key], given[key])
 
 
 def test_normalized_advantages_all_equal_give_no_policy_gain():
