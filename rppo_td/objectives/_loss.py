@@ -223,10 +223,11 @@ class RecurrentPPOLoss(ClipPPOLoss):
         clip_epsilon = _as_float(clip_epsilon)
         critic_coeff = _as_float(critic_coeff)
         clip_value = clip_value if isinstance(clip_value, bool) else _as_float(clip_value)
-        if isinstance(entropy_coeff, Mapping):
-            entropy_coeff = {key: _as_float(value) for key, value in entropy_coeff.items()}
-        else:
-            entropy_coeff = _as_float(entropy_coeff)
+        entropy_coeff = (
+            {key: _as_float(value) for key, value in entropy_coeff.items()}  # type: ignore[assignment]
+            if isinstance(entropy_coeff, Mapping)
+            else _as_float(entropy_coeff)
+        )
         if kwargs.get("normalize_advantage_exclude_dims"):
             raise ValueError(
                 "RecurrentPPOLoss normalises the advantage over all real steps; "
