@@ -15,6 +15,7 @@ from rppo_td._native import gae_rows, native_floats, segment_sum_rows, use_nativ
 from rppo_td._validation import (
     check_device,
     check_dtype,
+    check_finite,
     check_floating,
     check_not_meta,
     check_shape,
@@ -80,7 +81,9 @@ def discounted_segment_sum(
     Raises:
         ValueError: a non-float ``x``, a non-bool or differently shaped ``carry_on``, a
             ``decay`` outside ``[0, 1]`` (or NaN, or not a number), ``time_dim`` out of range,
-            NaN or inf in ``x``, meta tensors, or inputs on two devices.
+            NaN or inf in ``x``, a sum beyond ``x``'s dtype (float16 ends at 65504; the sums
+            run in float64, the result is rounded to ``x``'s dtype), meta tensors, or inputs on
+            two devices.
 
     Example:
         >>> x = torch.ones(1, 4, 1)
@@ -97,7 +100,15 @@ def discounted_segment_sum(
     dim = check_time_dim(time_dim, x.ndim)
     check_not_meta({"x": x, "carry_on": carry_on})
     check_values({"x": x})
-    return segment_sum_unchecked(x, carry_on, float(decay), dim)
+    y = segment_sum_unchecked(x, carry_on, float(decay), dim)
+    try:
+        check_finite({"x": y})
+    except ValueError:
+        raise ValueError(
+            f"discounted_segment_sum: a sum overflows {x.dtype} (largest finite "
+            f"{torch.finfo(x.dtype).max:g}) though x is finite: give x in a wider dtype"
+        ) from None
+    return y
 
 
 def segment_sum_unchecked(
@@ -255,7 +266,9 @@ def generalized_advantage_estimate(
     Raises:
         ValueError: a wrong shape or dtype, NaN or inf, ``terminated`` without ``done``,
             ``gamma`` or ``lmbda`` outside ``[0, 1]``, ``time_dim`` out of range, meta tensors,
-            or inputs on two devices; the message names the argument.
+            or inputs on two devices; the message names the argument. Also an advantage or
+            value target beyond ``state_value``'s dtype (float16 ends at 65504; the work is
+            in float32 or wider, the outputs rounded to that dtype).
 
     Example:
         >>> import torch
@@ -375,8 +388,28 @@ def gae_unchecked(
         advantage, target = gae_rows(
             *(x.reshape(-1, steps) for x in (*floats, terminated, done)), gamma=gamma, lmbda=lmbda
         )
+        _check_fits(advantage, target)
         return advantage.view(shape), target.view(shape)
-    bootstrap = next_state_value.detach().to(dtype).masked_fill(terminated, 0.0)
-    delta = torch.add(reward.detach().to(dtype), bootstrap, alpha=gamma).sub_(state_value)
+    # float16 and bfloat16 inputs are worked in float32 (the sum in float64) and rounded once
+    work = torch.promote_types(dtype, torch.float32)
+    bootstrap = next_state_value.detach().to(work).masked_fill(terminated, 0.0)
+    delta = torch.add(reward.detach().to(work), bootstrap, alpha=gamma).sub_(state_value)
     advantage = segment_sum_unchecked(delta, ~done, float(gamma * lmbda), time_dim % delta.ndim)
-    return advantage, advantage + state_value
+    target = advantage + state_value
+    advantage, target = advantage.to(dtype), target.to(dtype)
+    _check_fits(advantage, target)
+    return advantage, target
+
+
+def _check_fits(advantage: torch.Tensor, target: torch.Tensor) -> None:
+    """Refuses outputs of finite inputs that overflowed their dtype (float16 ends at 65504)."""
+    try:
+        check_finite({"advantage": advantage, "value_target": target})
+    except ValueError:
+        dtype = advantage.dtype
+        raise ValueError(
+            f"GAE's advantage or value target overflows {dtype} (largest finite "
+            f"{torch.finfo(dtype).max:g}) though the inputs are finite; the outputs take "
+            f"state_value's dtype: give state_value in a wider one (float32), or scale the "
+            "rewards down"
+        ) from None

@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 
+from rppo_td._native import native_kernels
 from rppo_td.functional import discounted_segment_sum, generalized_advantage_estimate
 
 
@@ -170,3 +171,52 @@ def test_segment_sum_gradient_at_the_two_level_size():
     discounted_segment_sum(x, carry_on, 0.5).sum().backward()
     t = torch.arange(steps, dtype=torch.float64)
     torch.testing.assert_close(x.grad.flatten().double(), 2 - 0.5**t)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch"])
+@pytest.mark.parametrize(
+    ("dtype", "reward"), [(torch.float16, 1000.0), (torch.float32, 1e37)], ids=["f16", "f32"]
+)
+def test_an_advantage_beyond_the_dtype_is_refused_not_inf(native, dtype, reward):
+    # finite inputs whose sums leave the dtype's range: 200 steps of `reward`, lambda 1
+    shape = (2, 200, 1)
+    flags = torch.zeros(shape, dtype=torch.bool)
+    values = torch.zeros(shape, dtype=dtype)
+    with native_kernels(native):
+        with pytest.raises(ValueError, match=rf"overflows {dtype} \(largest finite"):
+            generalized_advantage_estimate(
+                torch.full(shape, reward, dtype=dtype), values, values, flags, flags,
+                gamma=0.999, lmbda=1.0,
+            )  # fmt: skip
+        # a tenth of it fits
+        advantage, target = generalized_advantage_estimate(
+            torch.full(shape, reward / 10, dtype=dtype), values, values, flags, flags,
+            gamma=0.999, lmbda=1.0,
+        )  # fmt: skip
+    assert advantage.dtype == target.dtype == dtype
+    assert torch.isfinite(advantage).all() and torch.isfinite(target).all()
+
+
+def test_float16_values_with_a_wider_reward_are_worked_in_float32():
+    # the float32 reward 70000 is beyond float16, the advantage and target are not: the
+    # reward is not cast to float16 before the sums (a truncation: next value bootstrapped)
+    shape = (1, 4, 1)
+    truncated = torch.ones(shape, dtype=torch.bool)
+    value = torch.full(shape, 65000.0, dtype=torch.float16)
+    next_value = torch.full(shape, -20000.0, dtype=torch.float16)
+    advantage, target = generalized_advantage_estimate(
+        torch.full(shape, 70000.0), value, next_value, ~truncated, truncated,
+        gamma=0.99, lmbda=0.95,
+    )  # fmt: skip
+    assert advantage.dtype == target.dtype == torch.float16
+    expected = 70000.0 - 0.99 * 20000.0 - 65000.0
+    torch.testing.assert_close(advantage, torch.full(shape, expected, dtype=torch.float16))
+    torch.testing.assert_close(target, torch.full(shape, expected + 65000.0, dtype=torch.float16))
+
+
+def test_a_segment_sum_beyond_the_dtype_is_refused_not_inf():
+    x = torch.full((1, 100, 1), 1000.0, dtype=torch.float16)
+    keep = torch.ones(1, 100, 1, dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"a sum overflows torch.float16 \(largest finite 65504"):
+        discounted_segment_sum(x, keep, 1.0)
+    assert torch.isfinite(discounted_segment_sum(x, keep, 0.9)).all()
