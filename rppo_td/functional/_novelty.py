@@ -87,6 +87,10 @@ def observation_words(observation: torch.Tensor, batch_dims: int = 2) -> torch.T
     extra = (-raw.shape[-1]) % 8
     if extra or raw.shape[-1] == 0:
         raw = torch.nn.functional.pad(raw, (0, extra if raw.shape[-1] else 8))
+    elif raw.storage_offset() % 8:
+        # a view into a byte buffer at an odd offset (a memmap's header): int64 words need
+        # 8-byte aligned storage, so the bytes are copied once
+        raw = raw.clone()
     return raw.view(torch.int64)
 
 

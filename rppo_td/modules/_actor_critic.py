@@ -344,6 +344,10 @@ class RecurrentActorCritic(nn.Module):
         # memory with what is in view need)
         self.policy_mlp: nn.Module = _hidden_layers(features, hidden_size, head_layers)
         self.value_head = _mlp_head(features, hidden_size, head_layers, 1, 1.0)
+        # float32 whatever torch's default dtype (after torch.set_default_dtype(torch.float64)
+        # the layers were built float64, which the float32 computation refuses); the
+        # normaliser's statistics keep float64
+        self.float()
 
     @property
     def encoder_skip(self) -> bool:

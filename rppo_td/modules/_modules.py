@@ -89,7 +89,7 @@ class _Inputs:
             value = flat.get(key, None)
             full = (n, length, *shape) if self.recurrent else (n, *shape)
             if value is None:
-                value = torch.zeros(full, device=is_init.device)
+                value = torch.zeros(full, dtype=torch.float32, device=is_init.device)
             elif tuple(value.shape) != full:
                 raise ValueError(
                     f"{key!r} must have shape {[*batch, *shape]} (batch, layers, hidden), got "

@@ -210,6 +210,24 @@ def test_observation_words_refuse_batch_dims_outside_the_tensor():
     assert functional.observation_words(torch.zeros(2, 3), batch_dims=2).shape == (2, 3, 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_observation_words_of_a_view_at_an_unaligned_offset(dtype):
+    # a view into a larger buffer (a memmap's header): int64 words need aligned bytes
+    buffer = torch.arange(2 * 3 * 8 + 1).to(dtype)
+    view = buffer[1:].view(2, 3, 8)
+    words = functional.observation_words(view)
+    assert torch.equal(words, functional.observation_words(view.clone()))
+    td = _rollout(steps=3)
+    td["observation"] = view
+    td["next", "observation"] = view.roll(1, dims=1)
+    aligned = td.clone()  # fresh storage for every leaf
+    assert aligned["observation"].storage_offset() == 0
+    # two bonuses: each carries its episodes' observations to the next call
+    ours = EpisodicNoveltyBonus(1.0)(td)["next", "reward"]
+    assert torch.equal(ours, EpisodicNoveltyBonus(1.0)(aligned)["next", "reward"])
+    assert ours.sum() > 0
+
+
 def _rollout(workers=2, steps=3, reward_dtype=torch.float32):
     return TensorDict(
         {

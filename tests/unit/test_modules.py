@@ -1018,3 +1018,28 @@ def test_a_grayscale_image_is_one_channel():
     )
     conv = next(m for m in net.actor_trunk.modules() if isinstance(m, torch.nn.Conv2d))
     assert conv.in_channels == 1
+
+
+@pytest.mark.parametrize("recurrence", ["lstm", "gru"])
+def test_a_float64_default_dtype_builds_and_runs_the_float32_network(recurrence):
+    # torch.set_default_dtype(torch.float64) built float64 layers, which the network's own
+    # check then refused as "cast by .double()?"; its zero start state was float64 too
+    spaces = (gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)))
+    kwargs = dict(recurrence=recurrence, hidden_size=8, normalize_observations=True)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        net = RecurrentActorCritic(*spaces, **kwargs)
+        assert {p.dtype for p in net.parameters()} == {torch.float32}
+        obs = torch.rand(4, 3, dtype=torch.float32)
+        td = TensorDict({"observation": obs, "is_init": torch.ones(4, 1, dtype=torch.bool)}, [4])
+        with set_exploration_type(ExplorationType.DETERMINISTIC):
+            ours = RecurrentPolicy(net)(td.clone())
+    finally:
+        torch.set_default_dtype(before)
+    same = RecurrentActorCritic(*spaces, **kwargs)
+    same.load_state_dict(net.state_dict())
+    with set_exploration_type(ExplorationType.DETERMINISTIC):
+        theirs = RecurrentPolicy(same)(td.clone())
+    assert (ours == theirs).all()
+    assert ours["action"].dtype == torch.float32
