@@ -19,6 +19,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -328,30 +329,46 @@ def train_refusal(argv: list[str]) -> str | None:
     return None
 
 
+# rppo-train's --seed bound (numpy's generators take 32-bit seeds)
+MAX_SEED = 2**32 - 1
+
+
 def check_seeds(parser: argparse.ArgumentParser, flag: str, seeds: list[int] | None) -> None:
-    """Refuses (``parser.error``, naming ``flag``) seeds that are negative or repeated.
+    """Refuses (``parser.error``, naming ``flag``) seeds out of rppo-train's range or repeated.
 
     A seed of -1 failed its run after the others, and a repeated one trained twice.
     """
     given = seeds or []
-    if any(seed < 0 for seed in given) or len(set(given)) < len(given):
-        parser.error(f"{flag} must be distinct integers >= 0, got {given}")
+    if any(not 0 <= seed <= MAX_SEED for seed in given) or len(set(given)) < len(given):
+        parser.error(f"{flag} must be distinct integers in [0, {MAX_SEED}], got {given}")
 
 
-def at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an int >= ``low`` (``--repeats 0`` is refused by its flag's name
-    before any work, not a ``StatisticsError`` after it)."""
+def at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int >= ``low`` (and <= ``high`` when given): ``--repeats 0`` is
+    refused by its flag's name before any work, not a ``StatisticsError`` after it."""
+    expected = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an int >= {low}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
         return value
 
     return parse
+
+
+def finite_float(text: str) -> float:
+    """An argparse type: a finite float (NaN and infinities refused by the flag's name)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value}")
+    return value
 
 
 def positive_float(text: str) -> float:
@@ -363,6 +380,36 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
     return value
+
+
+def results_name(text: str) -> str:
+    """``--output``'s ``type``: a results name whose folder can be written, checked up front.
+
+    The name is ``benchmarks/results/<name>.json`` (it may hold folders, or be an absolute
+    path); its folder is made and a file created and removed in it now, so that a bad name
+    ends the script before its work, not after it with the results lost.
+    """
+    name = text.removesuffix(".json")
+    path = RESULTS / f"{name}.json"
+    if not name or name.endswith(("/", "\\")) or not Path(name).name:
+        raise argparse.ArgumentTypeError(
+            f"must name a file (benchmarks/results/NAME.json, NAME may hold folders), got {text!r}"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".probe-"):
+            pass
+    except (FileExistsError, NotADirectoryError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: {path.parent} is not a folder (a file is in its place)"
+        ) from None
+    except OSError as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: cannot write in {path.parent} ({err.strerror or err})"
+        ) from None
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {path} is a folder")
+    return name
 
 
 def write_json(name: str, payload: dict[str, object]) -> Path:

@@ -37,7 +37,14 @@ import os
 
 import gymnasium as gym
 import torch
-from _common import at_least, format_seconds, print_table, time_interleaved, write_json
+from _common import (
+    at_least,
+    format_seconds,
+    print_table,
+    results_name,
+    time_interleaved,
+    write_json,
+)
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
@@ -309,7 +316,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few repeats, B=32 only")
     parser.add_argument("--threads", type=at_least(1), default=1)
     parser.add_argument(
-        "--output", default=None, help="JSON name (default agent_modules, agent_modules_quick)"
+        "--output",
+        type=results_name,
+        default=None,
+        help="JSON name (default agent_modules, agent_modules_quick)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -38,6 +38,7 @@ from _common import (
     at_least,
     format_seconds,
     print_table,
+    results_name,
     time_interleaved,
     train_refusal,
     write_json,
@@ -61,10 +62,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--env", default=defaults.env, help="gymnasium id")
     parser.add_argument(
-        "--workers", type=at_least(1), default=None, help=f"W (default {defaults.num_workers})"
+        "--workers",
+        type=at_least(1, 100_000),
+        default=None,
+        help=f"W (default {defaults.num_workers}; at most 100000, as rppo-train)",
     )
     parser.add_argument(
-        "--steps", type=at_least(1), default=None, help=f"T (default {defaults.rollout_steps})"
+        "--steps",
+        type=at_least(1, 1_000_000),
+        default=None,
+        help=f"T (default {defaults.rollout_steps}; at most 1000000)",
     )
     parser.add_argument(
         "--repeats", type=at_least(1), default=None, help="timed rollouts per candidate (15)"
@@ -73,7 +80,9 @@ def main() -> None:
         "--threads", type=at_least(1), default=defaults.threads, help="torch threads"
     )
     parser.add_argument("--quick", action="store_true", help="W=4, T=8, two repeats unless given")
-    parser.add_argument("--output", default=None, help="also write benchmarks/results/NAME.json")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="also write benchmarks/results/NAME.json"
+    )
     args = parser.parse_args()
     refused = train_refusal(["--env", args.env])
     if refused is not None:

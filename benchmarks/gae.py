@@ -36,6 +36,7 @@ from _common import (
     format_seconds,
     load_reference,
     print_table,
+    results_name,
     time_interleaved,
     write_json,
 )
@@ -112,7 +113,9 @@ def main() -> None:
         "--repeats", type=at_least(1), default=None, help="timed repeats (default 15)"
     )
     parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -129,13 +132,14 @@ def main() -> None:
         print(f"{workers}x{steps} ...", flush=True)
         x = make_inputs(workers, steps)
         fns = candidates(x, reference)
-        # the vectorised candidates first, interleaved; then the slow Python loop once (its
-        # millions of small objects would otherwise reshape the heap under the others)
+        # the vectorised candidates first, interleaved; then the slow Python loop apart, one
+        # warm-up call and one timed (its millions of small objects would otherwise reshape
+        # the heap under the others)
         fast = {name: fn for name, fn in fns.items() if name != "loop reference"}
         times = time_interleaved(fast, repeats=repeats)
         if "loop reference" in fns:
             times.update(
-                time_interleaved({"loop reference": fns["loop reference"]}, repeats=1, warmup=0)
+                time_interleaved({"loop reference": fns["loop reference"]}, repeats=1, warmup=1)
             )
         truth_name = "loop reference" if reference is not None else "torchrl loop"
         truth = fns[truth_name]()[0].to(torch.float64)

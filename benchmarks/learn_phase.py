@@ -34,9 +34,17 @@ import tempfile
 from collections.abc import Callable
 
 import torch
-from _common import at_least, format_seconds, print_table, time_interleaved, write_json
+from _common import (
+    at_least,
+    format_seconds,
+    print_table,
+    results_name,
+    time_interleaved,
+    write_json,
+)
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from rppo_td._validation import first_line
 from rppo_td.modules import _encoders
 from rppo_td.train import TrainConfig, Trainer, load_agent
 from rppo_td.train._checkpoint import checkpoint_file
@@ -96,8 +104,15 @@ def bench_preset(
         try:
             if from_run is not None:
                 # the rollout from a trained agent: late training's episodes, not the first ones
-                trained, _, _ = load_agent(from_run)
-                trainer.agent.load_state_dict(trained.state_dict())
+                trained, run_config, _ = load_agent(from_run)
+                try:
+                    trainer.agent.load_state_dict(trained.state_dict())
+                except RuntimeError as err:
+                    raise SystemExit(
+                        f"learn_phase.py: error: --from-run {from_run} is a run of "
+                        f"{run_config.env} whose agent does not fit preset {preset}'s "
+                        f"({config.env}): give a run of that preset ({first_line(err)})"
+                    ) from None
             result = _bench(trainer, preset, repeats)
             result["from_run"] = from_run
             return result
@@ -232,7 +247,9 @@ def main() -> None:
         action="store_true",
         help="poc-memory with a shared critic, two repeats, unless --presets/--repeats given (CI)",
     )
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     presets = args.presets or (

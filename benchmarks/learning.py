@@ -27,7 +27,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import at_least, check_seeds, run_trainer, write_json
+from _common import at_least, check_seeds, results_name, run_trainer, train_refusal, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -91,7 +91,10 @@ def main() -> int:
         help="a smoke run: seed 0, control seed 0, 2,048 steps, unless given (learning_quick)",
     )
     parser.add_argument(
-        "--output", default=None, help="results name (default learning-<UTC time>-<pid>)"
+        "--output",
+        type=results_name,
+        default=None,
+        help="results name (default learning-<UTC time>-<pid>)",
     )
     args = parser.parse_args()
     check_seeds(parser, "--seeds", args.seeds)
@@ -102,6 +105,11 @@ def main() -> int:
         args.control_seeds = [0] if args.quick else [0, 1]
     if args.quick and args.total_steps is None:
         args.total_steps = 2048
+    if args.total_steps is not None:
+        # rppo-train's own check, before any run (below one update, every run would fail)
+        refused = train_refusal(["--total-steps", str(args.total_steps)])
+        if refused:
+            parser.error(f"--total-steps: rppo-train refuses it: {refused}")
 
     workdir = Path(tempfile.mkdtemp(prefix="rppo_learning_"))
     header = (

@@ -13,9 +13,9 @@ Takes one ``[B, Lp]`` minibatch of the default trainer's first update and times,
 
 It prints both per step, then both times the run's gradient steps
 (``updates * epochs * num_minibatches``): the second is a floor for the default run's learning
-time. ``--sb3-seconds`` (sb3-contrib's training time from ``benchmarks/peer_sb3.py``; the
-newest ``results/peer_sb3-*.json`` by default) turns it into the speed-up over sb3-contrib that
-the floor alone would allow, collection not counted.
+time. ``--sb3-seconds`` (sb3-contrib's training time from ``benchmarks/peer_sb3.py``; by default
+the newest full ``results/peer_sb3-<UTC time>.json`` of this machine's CPU model) turns it
+into the speed-up over sb3-contrib that the floor alone would allow, collection not counted.
 
     python benchmarks/learning_floor.py
     python benchmarks/learning_floor.py --quick
@@ -31,8 +31,10 @@ import torch
 from _common import (
     RESULTS,
     at_least,
+    cpu_model,
     first_minibatch,
     positive_float,
+    results_name,
     time_interleaved,
     write_json,
 )
@@ -42,19 +44,24 @@ from rppo_td.train import TrainConfig, Trainer
 
 
 def newest_sb3_seconds() -> float | None:
-    """sb3-contrib's training seconds in the newest ``peer_sb3-*.json``, if there is one.
+    """sb3-contrib's training seconds in the newest full ``peer_sb3-<UTC time>.json`` of
+    this machine's CPU model, if there is one.
 
-    Measured in another run (on this machine only if that file was written here): the file is
-    named in the output.
+    Measured in another run: the file is named in the output. Runs of another CPU model, of
+    another budget than the default run's (``--quick``'s 2,048 steps), and files under
+    another name (``--output``) are passed over.
     """
-    files = sorted(RESULTS.glob("peer_sb3-*.json"))
-    if not files:
-        return None
-    rows = json.loads(files[-1].read_text()).get("rows", {})
-    seconds = rows.get("sb3-contrib RecurrentPPO", {}).get("wall_time_s")
-    if seconds is not None:
-        print(f"sb3-contrib's seconds from {files[-1].relative_to(RESULTS.parent.parent)}")
-    return seconds
+    budget = TrainConfig().total_steps
+    for file in sorted(RESULTS.glob("peer_sb3-2*.json"), reverse=True):
+        data = json.loads(file.read_text())
+        row = data.get("rows", {}).get("sb3-contrib RecurrentPPO", {})
+        if data.get("environment", {}).get("cpu") != cpu_model():
+            continue
+        if row.get("env_steps") is None or row["env_steps"] < budget * 0.9:
+            continue
+        print(f"sb3-contrib's seconds from {file.relative_to(RESULTS.parent.parent)}")
+        return row.get("wall_time_s")
+    return None
 
 
 def main() -> None:
@@ -62,7 +69,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=at_least(1), default=None, help="default 30")
     parser.add_argument("--sb3-seconds", type=positive_float, default=None)
     parser.add_argument("--quick", action="store_true", help="3 repeats unless given (CI)")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 30)
     sb3_seconds = args.sb3_seconds or newest_sb3_seconds()

@@ -27,7 +27,14 @@ import time
 
 import gymnasium as gym
 import torch
-from _common import at_least, check_seeds, positive_float, write_json
+from _common import (
+    at_least,
+    check_seeds,
+    finite_float,
+    positive_float,
+    results_name,
+    write_json,
+)
 from tensordict import TensorDict
 
 from rppo_td.modules import RecurrentActorCritic
@@ -82,8 +89,8 @@ def first_solved(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--head-layers", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--forget-bias", type=float, nargs="+", default=[0.0, 5.0])
+    parser.add_argument("--head-layers", type=at_least(0), nargs="+", default=[0, 1])
+    parser.add_argument("--forget-bias", type=finite_float, nargs="+", default=[0.0, 5.0])
     parser.add_argument(
         "--encoder-skip",
         type=int,
@@ -101,7 +108,9 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="one seed, 20 iterations, unless given"
     )
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
     check_seeds(parser, "--seeds", args.seeds)
     if args.seeds is None:  # a flag given wins over --quick

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import check_seeds, cpu_model, train_refusal, wilson
+from _common import check_seeds, cpu_model, results_name, train_refusal, wilson
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -1045,6 +1045,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one short run (CI)")
     parser.add_argument(
         "--output",
+        type=results_name,
         default=None,
         help="results/<output>.json (default memory_suite, memory_suite_quick with --quick, so "
         "that a quick run never lands in the published results)",
@@ -1079,6 +1080,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             "--report writes docs/results.md from results/memory_suite.json, the published "
             f"runs; it does not take --output (got {args.output!r})"
+        )
+    if args.quick and args.output == "memory_suite":
+        parser.error(
+            "--quick --output memory_suite would record a smoke run among the published runs "
+            "(results/memory_suite.json, which --report reads); leave --output out"
         )
     output = args.output or ("memory_suite_quick" if args.quick else "memory_suite")
     suite = Suite.load(RESULTS / f"{output}.json")

@@ -29,12 +29,13 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from _common import print_table, write_json
+from _common import print_table, results_name, write_json
 
 import rppo_td.envs  # noqa: F401  (registers the rppo_td/ ids)
+from rppo_td._validation import first_line
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train import evaluate_agent, load_agent
-from rppo_td.train._checkpoint import checkpoint_file
+from rppo_td.train._checkpoint import CheckpointError, checkpoint_file
 from rppo_td.train._evaluate import _acting as acting
 
 # MiniGrid Memory's three actions as rppo_td/MiniGrid-Memory* keeps them
@@ -72,10 +73,8 @@ def first_actions(agent: RecurrentActorCritic, first: np.ndarray) -> tuple[list[
     return td.get("action").tolist(), td.get("action_log_prob").exp().tolist()
 
 
-def by_start(path: str, episodes: int, seed: int) -> dict:
+def by_start(file: Path, agent: RecurrentActorCritic, config, episodes: int, seed: int) -> dict:
     """The checkpoint's deterministic returns, and its successes per start ``x``."""
-    file = checkpoint_file(path)
-    agent, config, _ = load_agent(file)
     starts, first = start_positions(config.env, episodes, seed)
     modes, chances = first_actions(agent, first)
     result = evaluate_agent(agent, config.env, episodes=episodes, seed=seed)
@@ -107,15 +106,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", help="run directories or checkpoint files")
     parser.add_argument("--episodes", type=int, default=300, help="episodes per checkpoint")
     parser.add_argument("--seed", type=int, default=100_000, help="first episode's reset seed")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be >= 1, got {args.episodes}")
-    results = []
+    if not 0 <= args.seed <= 2**32 - args.episodes:
+        parser.error(
+            f"--seed must be in [0, {2**32 - args.episodes}] (episode i resets with seed + i, "
+            f"below 2**32), got {args.seed}"
+        )
+    # every checkpoint is loaded before any is evaluated: a bad path ends the script first
+    loaded = []
     for path in args.runs:
-        if not Path(path).exists():
+        if not Path(path).expanduser().exists():
             parser.error(f"{path} does not exist: give a run directory or a checkpoint file")
-        results.append(by_start(path, args.episodes, args.seed))
+        try:
+            file = checkpoint_file(path)
+            agent, config, _ = load_agent(file)
+        except (CheckpointError, ValueError) as err:
+            parser.error(f"{path}: {first_line(err)}")
+        start_positions(config.env, 1, args.seed)  # a MiniGrid Memory env, or SystemExit
+        loaded.append((file, agent, config))
+    results = [by_start(*run, args.episodes, args.seed) for run in loaded]
     starts = sorted({int(x) for r in results for x in r["by_start"]})
     rows = [
         [

@@ -14,16 +14,21 @@ which goes first, for many rounds; it prints the medians and their ratio.
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
-from _common import PIPELINE_SHAPES, QUICK_SHAPES, at_least, make_rollout, print_table, write_json
+from _common import (
+    PIPELINE_SHAPES,
+    QUICK_SHAPES,
+    at_least,
+    make_rollout,
+    print_table,
+    results_name,
+    write_json,
+)
 from pipeline import Pipeline
 
-from rppo_td._native import native_kernels
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
+from rppo_td._native import _numba_installed, native_kernels
 
 
 def compare(pipeline: Pipeline, td, rounds: int) -> dict[str, float]:
@@ -39,7 +44,7 @@ def compare(pipeline: Pipeline, td, rounds: int) -> dict[str, float]:
                 start = time.perf_counter()
                 pipeline.epoch(td)
                 times[enabled].append(time.perf_counter() - start)
-    on, off = _median(times[True]), _median(times[False])
+    on, off = statistics.median(times[True]), statistics.median(times[False])
     return {"kernels on s": on, "kernels off s": off, "off / on": off / on}
 
 
@@ -47,8 +52,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny shapes, a few rounds")
     parser.add_argument("--rounds", type=at_least(1), default=None, help="rounds (default 80)")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
+    if not _numba_installed():
+        parser.error(
+            "numba's kernels cannot run here (numba is not installed, or RPPO_TD_NATIVE=0): "
+            "'kernels on' would time the torch path twice"
+        )
     shapes = (
         QUICK_SHAPES if args.quick else [s for s in PIPELINE_SHAPES if s.observation == "vector"]
     )

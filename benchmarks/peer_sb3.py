@@ -28,7 +28,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import at_least, write_json
+from _common import MAX_SEED, at_least, results_name, write_json
 
 from rppo_td.train import SUMMARY_KEYS
 
@@ -111,7 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--seed", type=at_least(0, MAX_SEED), default=0)
     # one update of the default run (128 workers x 8 steps) at least
     parser.add_argument("--total-steps", type=at_least(1024), default=None, help="default 100,000")
     parser.add_argument("--episodes", type=at_least(1), default=None, help="default 20")
@@ -120,7 +120,12 @@ def main() -> int:
         action="store_true",
         help="a smoke run: 2,048 steps, 2 evaluation episodes, unless given (peer_sb3_quick)",
     )
-    parser.add_argument("--output", default=None, help="results name (default peer_sb3-<UTC time>)")
+    parser.add_argument(
+        "--output",
+        type=results_name,
+        default=None,
+        help="results name (default peer_sb3-<UTC time>)",
+    )
     parser.add_argument(
         "--threads",
         type=at_least(0),
@@ -141,8 +146,12 @@ def main() -> int:
     try:
         import sb3_contrib  # noqa: F401
     except ImportError:
-        print("sb3-contrib is not installed: pip install -e '.[bench]'")
-        return 0
+        # not a success: a script or CI loop reading the status must not take it for one
+        print(
+            "peer_sb3.py: error: sb3-contrib is not installed: pip install -e '.[bench]'",
+            file=sys.stderr,
+        )
+        return 2
 
     # both runs' files (sb3's logger directory, rppo-train's output) go, however it ends
     scratch = Path(tempfile.mkdtemp(prefix="rppo_peer_"))

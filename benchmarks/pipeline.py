@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -61,6 +62,7 @@ from _common import (
     make_rollout,
     nbytes,
     print_table,
+    results_name,
     shape_dict,
     synchronize,
     time_interleaved,
@@ -337,21 +339,20 @@ def bench_shape(
     }
     times = time_interleaved(candidates, repeats=repeats, device=device, max_seconds=1.0)
     if reference is not None and torch.device(device).type == "cpu":
-        # timed once, after the others: seconds of Python loops, whose millions of small
-        # objects would otherwise reshape the heap under the candidates interleaved with it
+        # timed apart, after the others: seconds of Python loops, whose millions of small
+        # objects would otherwise reshape the heap under the candidates interleaved with it;
+        # one warm-up call first, as every candidate has
         times.update(
             time_interleaved(
                 {"loop reference": lambda: reference_epoch(td, shape, reference)},
                 repeats=1,
-                warmup=0,
+                warmup=1,
             )
         )
 
     pool = OutputPool()
     stage_runs = [rppo_stages(td, shape, device, pool) for _ in range(max(repeats, 1))]
-    stages = {
-        name: sorted(run[name] for run in stage_runs)[len(stage_runs) // 2] for name in STAGES
-    }
+    stages = {name: statistics.median(run[name] for run in stage_runs) for name in STAGES}
 
     median = {name: t["median"] for name, t in times.items()}
     ours = median["rppo_td"]
@@ -405,7 +406,9 @@ def main() -> None:
     parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--shape", default=None, help="only shapes whose name contains this")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     parser.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--memory-mode", default="lazy", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -413,6 +416,8 @@ def main() -> None:
         device = torch.device(args.device)
     except RuntimeError as err:
         parser.error(f"--device {args.device!r}: {err}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda (cuda:N), got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device!r}: this torch sees no CUDA device")
     if args.threads is not None:

@@ -32,7 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-from _common import print_table, run_trainer, train_refusal, wilson, write_json
+from _common import (
+    MAX_SEED,
+    finite_float,
+    print_table,
+    results_name,
+    run_trainer,
+    train_refusal,
+    wilson,
+    write_json,
+)
 
 QUIET = ["--overwrite", "--no-progress", "--log-level", "WARNING", "--threads", "1"]
 
@@ -46,12 +55,19 @@ def parse_seeds(text: list[str]) -> list[int]:
             first, last = int(low), int(high) if sep else int(low)
         except ValueError:
             raise SystemExit(f"--seeds: {part!r} is not a seed or a range such as 0-29") from None
-        if first < 0 or last < first:
-            raise SystemExit(f"--seeds: {part!r} must be N or A-B with 0 <= A <= B")
+        if first < 0 or last < first or last > MAX_SEED:
+            raise SystemExit(f"--seeds: {part!r} must be N or A-B with 0 <= A <= B <= {MAX_SEED}")
         seeds.extend(range(first, last + 1))
     if len(set(seeds)) != len(seeds):
         raise SystemExit(f"--seeds: a seed is given twice in {' '.join(text)}")
     return seeds
+
+
+def quick_flags(flags: list[str]) -> list[str]:
+    """``--quick``'s budget, ``--total-steps 2048 --eval-episodes 2``, less what ``flags`` set."""
+    given = {flag.partition("=")[0] for flag in flags if flag.startswith("--")}
+    quick = {"--total-steps": "2048", "--eval-episodes": "2"}
+    return [item for flag, value in quick.items() if flag not in given for item in (flag, value)]
 
 
 def parse_setting(text: str) -> tuple[str, list[str]]:
@@ -101,7 +117,7 @@ def main() -> int:
         help='NAME=FLAGS, repeatable (default: "defaults=", the trainer as it is)',
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs at once (default 2)")
-    parser.add_argument("--target", type=float, default=475.0, help="solved: eval >= this")
+    parser.add_argument("--target", type=finite_float, default=475.0, help="solved: eval >= this")
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument(
         "--quick",
@@ -109,7 +125,10 @@ def main() -> int:
         help="seeds 0-1 of each setting on 2,048 steps, 2 evaluation episodes (a smoke run)",
     )
     parser.add_argument(
-        "--output", default=None, help="results name (default robustness-<UTC time>)"
+        "--output",
+        type=results_name,
+        default=None,
+        help="results name (default robustness-<UTC time>)",
     )
     args = parser.parse_args()
     if args.jobs < 1:
@@ -118,10 +137,8 @@ def main() -> int:
     settings = [parse_setting(text) for text in (args.setting or ["defaults="])]
     if args.quick:
         seeds = seeds[:2]
-        settings = [
-            (name, [*flags, "--total-steps", "2048", "--eval-episodes", "2"])
-            for name, flags in settings
-        ]
+        # only the settings a setting does not give itself
+        settings = [(name, [*flags, *quick_flags(flags)]) for name, flags in settings]
     names = [name for name, _ in settings]
     if len(set(names)) != len(names):
         raise SystemExit(f"--setting: two settings share a name in {names}")

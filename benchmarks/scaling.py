@@ -4,13 +4,18 @@ Candidates, timed interleaved in one run (``_common.time_interleaved``, medians)
 whole ``[W, T]`` rollout of the trainer's ``VectorCollector`` and LSTM agent
 (``build_agent(TrainConfig())``):
 
-- ``rollout N=0``: in-process ``SyncVectorEnv`` (``make_vector_env(env, W)``).
+- ``rollout N=0``: in-process ``SyncVectorEnv`` of the same checked envs
+  (``make_vector_env(env, W, arrays=False)``: for the default task ``make_vector_env`` would
+  otherwise step ``CartPoleNoVelVectorEnv``'s arrays, about five times faster, and the process
+  overhead fitted below would hold that difference too).
 - ``rollout N=1`` / ``N=2``: ``make_vector_env(env, W, processes=N)``: TorchRL's
   ``ParallelEnv`` of ``N`` workers, each stepping ``W / N`` checked envs.
 
 and the parts of the cost model, timed in the same loop:
 
-- ``env N``: ``T`` steps of the same vector env with fixed actions, no policy.
+- ``env N``: ``T`` steps of the same vector env with fixed actions, no policy; ``env arrays``
+  the same for ``make_vector_env``'s default (the trainer's env; for the default task its
+  arrays, else the same as ``env N=0``).
 - ``async W procs``: gymnasium's ``AsyncVectorEnv`` (one process per env, ``SAME_STEP``),
   the other library candidate, env stepping only.
 - ``policy``: ``T`` forwards of ``RecurrentPolicy`` on a ``[W]`` batch.
@@ -42,7 +47,14 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from _common import at_least, format_seconds, print_table, time_interleaved, write_json
+from _common import (
+    at_least,
+    format_seconds,
+    print_table,
+    results_name,
+    time_interleaved,
+    write_json,
+)
 
 from rppo_td.envs import make_env, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentPolicy
@@ -89,11 +101,15 @@ def main() -> None:
     parser.add_argument("--workers", type=at_least(1), default=16)
     parser.add_argument("--steps", type=at_least(1), default=32)
     parser.add_argument("--repeats", type=at_least(1), default=9)
-    parser.add_argument("--output", default="scaling")
+    parser.add_argument("--output", type=results_name, default="scaling")
     parser.add_argument(
         "--rank-updates", type=at_least(1), default=20, help="updates per torchrun run"
     )
     args = parser.parse_args()
+    if args.workers % 2:
+        parser.error(
+            f"--workers must be even (2 env processes share them equally), got {args.workers}"
+        )
     w, t = args.workers, args.steps
     with tempfile.TemporaryDirectory() as tmp:
         config = TrainConfig(
@@ -102,10 +118,11 @@ def main() -> None:
         trainer = Trainer(config)
         torch.set_num_threads(config.threads)
         net, name = trainer.agent, resolve_env_id(config.env)
-        envs = {n: make_vector_env(name, w, processes=n) for n in (0, 1, 2)}
+        envs = {n: make_vector_env(name, w, processes=n, arrays=False) for n in (0, 1, 2)}
+        trainers_env = make_vector_env(name, w)
         collectors = {
             n: VectorCollector(
-                make_vector_env(name, w, processes=n),
+                make_vector_env(name, w, processes=n, arrays=False),
                 RecurrentPolicy(net),
                 leaves=net.leaves,
                 frames_per_batch=w * t,
@@ -130,6 +147,7 @@ def main() -> None:
 
         candidates = {f"rollout N={n}": collectors[n].rollout for n in (0, 1, 2)}
         candidates |= {f"env N={n}": _stepper(envs[n], t) for n in (0, 1, 2)}
+        candidates["env arrays"] = _stepper(trainers_env, t)
         candidates[f"async {w} procs"] = _stepper(async_env, t)
         candidates["policy"] = forward
         candidates["update"] = update
@@ -138,7 +156,7 @@ def main() -> None:
         load_after = os.getloadavg()
         for collector in collectors.values():
             collector.shutdown()
-        for env in envs.values():
+        for env in (*envs.values(), trainers_env):
             env.close()
         async_env.close()
         trainer.release()

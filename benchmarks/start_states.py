@@ -18,7 +18,7 @@ import argparse
 import copy
 
 import torch
-from _common import format_seconds, print_table, time_interleaved, write_json
+from _common import format_seconds, print_table, results_name, time_interleaved, write_json
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceStartStates
 from rppo_td.envs import CARTPOLE_NOVEL_ID, make_vector_env
@@ -57,7 +57,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
-        "--output", default=None, help="JSON name (default start_states, start_states_quick)"
+        "--output",
+        type=results_name,
+        default=None,
+        help="JSON name (default start_states, start_states_quick)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -33,6 +33,7 @@ from _common import (
     format_seconds,
     make_rollout,
     print_table,
+    results_name,
     shape_dict,
     time_interleaved,
     write_json,
@@ -124,7 +125,9 @@ def main() -> None:
         "--repeats", type=at_least(1), default=None, help="timed repeats (default 3)"
     )
     parser.add_argument("--threads", type=at_least(1), default=None, help="torch.set_num_threads")
-    parser.add_argument("--output", default=None, help="JSON name under benchmarks/results/")
+    parser.add_argument(
+        "--output", type=results_name, default=None, help="JSON name under benchmarks/results/"
+    )
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)

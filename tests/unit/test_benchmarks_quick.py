@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -480,8 +483,14 @@ def test_memory_suite_refuses_a_flag_that_is_no_setting(capsys: pytest.CaptureFi
     ("args", "message"),
     [
         ([], "nothing to do"),
-        (["--tasks", "poc-memory", "--seeds", "0", "0"], "--seeds must be distinct integers >= 0"),
-        (["--tasks", "poc-memory", "--seeds", "-1"], "--seeds must be distinct integers >= 0"),
+        (
+            ["--tasks", "poc-memory", "--seeds", "0", "0"],
+            "--seeds must be distinct integers in [0, 4294967295]",
+        ),
+        (
+            ["--tasks", "poc-memory", "--seeds", "-1"],
+            "--seeds must be distinct integers in [0, 4294967295]",
+        ),
         (["--flags", "--epochs 2"], "--flags applies to the --tasks runs, and none were asked"),
         (["--ablation-steps", "9"], "--ablation-steps applies to the --ablation runs"),
         (["--report", "--output", "mine"], "--report writes docs/results.md"),
@@ -634,7 +643,10 @@ def test_learning_refuses_seeds_before_any_run(seeds: list[str]) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert f"--seeds must be distinct integers >= 0, got [{', '.join(seeds)}]" in done.stderr
+    assert (
+        f"--seeds must be distinct integers in [0, 4294967295], got [{', '.join(seeds)}]"
+        in done.stderr
+    )
 
 
 def test_quick_keeps_the_flags_given() -> None:
@@ -728,3 +740,67 @@ def test_memory_suite_refuses_repeated_tasks_and_an_ablation_budget_rppo_train_r
             memory_suite.main([*argv, "--output", "never_written"])
         assert info.value.code == 2
         assert message in err.getvalue()
+
+
+def _refusal(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """``benchmarks/<script> args``'s stderr; the script must refuse (status 2) in seconds."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
+        cwd="/", capture_output=True, text=True, timeout=120, check=False,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    return done.stderr
+
+
+def test_a_bad_output_is_refused_before_any_work(tmp_path: Path) -> None:
+    # it was only found when the JSON was written, after the whole run: the figures were lost
+    said = _refusal("robustness.py", "--quick", "--output", "/proc/nope/x")
+    assert "argument --output: '/proc/nope/x': cannot write in /proc/nope" in said
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from _common import results_name
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    (tmp_path / "taken.json").mkdir()
+    for output, message in [
+        ("/etc/hostname/x", "/etc/hostname is not a folder"),
+        ("sub/", "must name a file"),
+        ("", "must name a file"),
+        (str(tmp_path / "taken"), "is a folder"),
+    ]:
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
+            results_name(output)
+    assert results_name("/tmp/x.json") == "/tmp/x"
+
+
+def test_scripts_refuse_bad_settings_before_any_run(tmp_path: Path) -> None:
+    assert "--workers must be even" in _refusal("scaling.py", "--workers", "3")
+    assert "numba's kernels cannot run here" in _refusal(
+        "native_kernels.py", "--quick", env={"RPPO_TD_NATIVE": "0"}
+    )
+    assert "--total-steps: rppo-train refuses it" in _refusal("learning.py", "--total-steps", "1")
+    said = _refusal("memory_readout.py", "--quick", "--head-layers", "0", "-1")
+    assert "argument --head-layers: expected an int >= 0, got -1" in said
+    said = _refusal("memory_readout.py", "--quick", "--forget-bias", "nan")
+    assert "argument --forget-bias: expected a finite number, got nan" in said
+    assert "--seed must be in [0, " in _refusal("minigrid_starts.py", str(tmp_path), "--seed", "-1")
+    # the second run is checked before the first is evaluated
+    said = _refusal("minigrid_starts.py", str(tmp_path), "--episodes", "1")
+    assert f"{tmp_path}: no checkpoint at" in said
+    said = _refusal("peer_sb3.py", "--seed", str(2**32))
+    assert "argument --seed: expected an int in [0, 4294967295], got 4294967296" in said
+    assert "--device must be cpu or cuda" in _refusal("pipeline.py", "--quick", "--device", "mps")
+    assert "expected a finite number, got nan" in _refusal("robustness.py", "--target", "nan")
+
+
+def test_robustness_quick_fills_in_only_the_budget_a_setting_leaves_out() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from robustness import quick_flags  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    assert quick_flags([]) == ["--total-steps", "2048", "--eval-episodes", "2"]
+    assert quick_flags(["--total-steps", "4096"]) == ["--eval-episodes", "2"]
+    assert quick_flags(["--lmbda", "0.9", "--total-steps=4096", "--eval-episodes", "3"]) == []
