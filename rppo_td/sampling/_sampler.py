@@ -90,18 +90,31 @@ def row_slices(td: TensorDictBase, sizes: list[int]) -> Iterator[TensorDictBase]
             yield td[start : start + size]
             start += size
         return
-    # one split per leaf (views), then one tensordict per minibatch
-    parts = [(key, value.split_with_sizes(sizes)) for key, value in leaves]
+    # one split per leaf (views) for each block of up to _SPLIT_BLOCK minibatches, then one
+    # tensordict per minibatch: a split of all of them at once would hold a view per leaf and
+    # minibatch (~1 KiB each) before the first is used, gigabytes for 1e5 minibatches
     rest = td.batch_size[1:]
     groups = group_dims(td)
-    for i, size in enumerate(sizes):
-        source: dict = {}
-        for key, pieces in parts:
-            put_leaf(source, key, pieces[i])
-        batch = torch.Size((size, *rest))
-        if groups:
-            nest_groups(source, batch, groups, td.device)
-        yield TensorDict._new_unsafe(source, batch_size=batch, device=td.device)
+    start = 0
+    for first in range(0, len(sizes), _SPLIT_BLOCK):
+        block = sizes[first : first + _SPLIT_BLOCK]
+        rows = sum(block)
+        parts = [
+            (key, value.narrow(0, start, rows).split_with_sizes(block)) for key, value in leaves
+        ]
+        start += rows
+        for i, size in enumerate(block):
+            source: dict = {}
+            for key, pieces in parts:
+                put_leaf(source, key, pieces[i])
+            batch = torch.Size((size, *rest))
+            if groups:
+                nest_groups(source, batch, groups, td.device)
+            yield TensorDict._new_unsafe(source, batch_size=batch, device=td.device)
+
+
+# minibatches split from the epoch's rows at a time (row_slices)
+_SPLIT_BLOCK = 64
 
 
 def leaf_stats(td: TensorDictBase) -> tuple[int, bool]:

@@ -8,9 +8,12 @@ from unittest import mock
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict, tensorclass
 
 from rppo_td import EpisodeSplitter, SequenceChunker, SequencePadder, SequenceSampler
+from rppo_td.sampling._sampler import row_slices
 from tests.unit._data import small_rollout
 
 
@@ -366,3 +369,20 @@ def test_empty_levels_and_tensorclasses_keep_their_place_and_type(padded, gather
         mask = minibatch["loss_mask"]
         at = (minibatch["worker_index"] * steps + minibatch["time_index"])[mask]
         assert torch.equal(minibatch["reading"].value[mask], reading.flatten(0, 1)[at])
+
+
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=200))
+@settings(max_examples=30, deadline=None)
+def test_row_slices_are_the_rows_in_order_across_split_blocks(sizes):
+    # the minibatches are split from the epoch's rows a block of them at a time (a split of
+    # 1e5 minibatches at once held a view per leaf and minibatch: gigabytes)
+    rows = sum(sizes)
+    td = TensorDict(
+        {"a": torch.arange(rows * 2).view(rows, 2), ("n", "b"): torch.arange(rows)}, [rows]
+    )
+    start = 0
+    slices = list(row_slices(td, sizes))
+    assert len(slices) == len(sizes)
+    for size, piece in zip(sizes, slices, strict=True):
+        assert (piece == td[start : start + size]).all() and piece.batch_size == (size,)
+        start += size
