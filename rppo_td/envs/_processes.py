@@ -6,6 +6,7 @@ workers builds its ``W / N`` checked copies with ``rppo_td.envs._make``, as in-p
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import multiprocessing as mp
@@ -14,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +102,14 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             shutdown_timeout=2.0,
             num_threads=self._threads,
         )
+        # the workers ignore SIGTERM, which is how multiprocessing ends daemon children at
+        # interpreter exit before it joins them: an env never closed (a Trainer built and
+        # never run) held the exit forever. Registered now, after multiprocessing's own exit
+        # function, so it runs first (atexit is last in, first out); also run when this env
+        # is collected.
+        self._shut_down = weakref.finalize(self, _shut_down, self._env, self._errors, self._threads)
+        self._shut_down.atexit = False
+        atexit.register(self._shut_down)
         self.closed = False
         self._answered = False  # whether any call to the workers came back
         self._root: Any = None
@@ -146,14 +156,8 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
         if self.closed:
             return
         self.closed = True
-        # from __dict__: ParallelEnv's __getattr__ would start workers that were never started
-        workers = list(vars(self._env).get("_workers", ()))
-        try:
-            self._env.close(raise_if_closed=False)
-        finally:
-            _kill_left(workers)
-            torch.set_num_threads(self._threads)
-            shutil.rmtree(self._errors, ignore_errors=True)
+        atexit.unregister(self._shut_down)
+        self._shut_down()
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``; a worker's fault becomes ``EnvError`` (workers shut down)."""
@@ -209,6 +213,18 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             return value.astype(space.dtype, copy=True)
 
         return _rebuild(self.single_observation_space, (), leaf)
+
+
+def _shut_down(env: Any, errors: str, threads: int) -> None:
+    """``ProcessVectorEnv.close``'s work: the workers stopped, the error folder removed."""
+    # from __dict__: ParallelEnv's __getattr__ would start workers that were never started
+    workers = list(vars(env).get("_workers", ()))
+    try:
+        env.close(raise_if_closed=False)
+    finally:
+        _kill_left(workers)
+        torch.set_num_threads(threads)
+        shutil.rmtree(errors, ignore_errors=True)
 
 
 def _kill_left(workers: list[Any], wait: float = 1.0) -> None:

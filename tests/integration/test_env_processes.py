@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -247,3 +248,29 @@ def test_a_script_without_a_main_guard_is_told_so(tmp_path):
     assert done.returncode != 0
     assert "a worker process failed" in done.stderr
     assert "if __name__ == '__main__':" in done.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("ending", ["exit", "raise", "env alone"])
+def test_workers_never_run_do_not_hold_the_interpreter_at_exit(tmp_path, ending):
+    # the workers ignore SIGTERM, which multiprocessing sends its daemon children at exit
+    # before joining them: a Trainer built and never run (or its env) hung the exit forever
+    if ending == "env alone":
+        body = (
+            "from rppo_td.envs import ProcessVectorEnv\n"
+            "env = ProcessVectorEnv('rppo_td/CartPoleNoVel-v1', 4, processes=2, kwargs={})\n"
+            "env.reset(seed=0)\n"
+        )
+    else:
+        body = (
+            "from rppo_td.train import TrainConfig, Trainer\n"
+            f"trainer = Trainer(TrainConfig(output={str(tmp_path / 'run')!r}, num_workers=4, "
+            "rollout_steps=8, total_steps=64, env_processes=2, progress=False))\n"
+        )
+        if ending == "raise":
+            body += "raise SystemExit(3)\n"
+    script = tmp_path / "script.py"
+    script.write_text(f"if __name__ == '__main__':\n{textwrap.indent(body, '    ')}")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == (3 if ending == "raise" else 0), done.stderr[-2000:]
