@@ -19,6 +19,8 @@ CPU only: CUDA's caching allocator already reuses freed blocks.
 from __future__ import annotations
 
 import math
+import sys
+import threading
 
 import torch
 from tensordict import NestedKey
@@ -37,10 +39,25 @@ HEADROOM = 1.25
 MIN_BYTES = 8 << 20
 
 
-def storage_uses(buffer: torch.Tensor) -> int:
-    """References to the tensor's storage (its own tensor included, the probe excluded)."""
+def _probe(buffer: torch.Tensor) -> tuple[int, int]:
+    """The storage's C++ use count and its Python object's reference count, as probed."""
     storage = buffer.untyped_storage()
-    return torch._C._storage_Use_Count(storage._cdata) - 1
+    return torch._C._storage_Use_Count(storage._cdata), sys.getrefcount(storage)
+
+
+# the Python references of a storage object made for the probe alone
+_PROBE_REFS = _probe(torch.empty(1))[1] if hasattr(torch._C, "_storage_Use_Count") else 0
+
+
+def storage_uses(buffer: torch.Tensor) -> int:
+    """References to the tensor's storage (its own tensor included, the probe excluded).
+
+    The probe's storage object is one use of its own, unless it was alive already: torch
+    hands out the storage object a caller holds (``t.untyped_storage()``, ``t.storage()``),
+    and that object's use is the caller's.
+    """
+    uses, refs = _probe(buffer)
+    return uses - 1 if refs <= _PROBE_REFS else uses
 
 
 class OutputPool:
@@ -72,6 +89,8 @@ class OutputPool:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[NestedKey, torch.dtype], list[torch.Tensor]] = {}
+        # two threads asking at once (one sampler iterated from two) must not get one buffer
+        self._lock = threading.Lock()
 
     def wants(self, like: torch.Tensor, numel: int) -> bool:
         """Whether an output of ``numel`` elements like ``like`` is pooled (else: allocate it).
@@ -92,6 +111,12 @@ class OutputPool:
         numel = math.prod(shape)
         if not self.wants(like, numel):
             return like.new_empty(shape)
+        with self._lock:
+            return self._take(key, shape, numel, like)
+
+    def _take(
+        self, key: NestedKey, shape: tuple[int, ...], numel: int, like: torch.Tensor
+    ) -> torch.Tensor:
         slots = self._buffers.setdefault((key, like.dtype), [])
         # an output sent to another process moved its buffer to shared memory: that process
         # may read it whatever this one holds, so the buffer is left to it
@@ -116,6 +141,7 @@ class OutputPool:
 
     def __setstate__(self, state: dict) -> None:
         self._buffers = {}
+        self._lock = threading.Lock()
 
     def clear(self) -> None:
         """Drops the kept buffers (their memory is freed once no output uses it)."""

@@ -8,6 +8,10 @@ computed without any pool.
 from __future__ import annotations
 
 import gc
+import struct
+import sys
+import threading
+import warnings
 from unittest import mock
 
 import torch
@@ -199,3 +203,49 @@ def test_inference_mode_and_normal_calls_mix():
             assert torch.equal(out["obs"], expected)
             assert sum(mb["loss_mask"].sum() for mb in sampler(td)) == 2200
         del out
+
+
+def test_memory_whose_storage_object_is_held_is_not_reused():
+    # torch hands the probe the storage object a caller holds, which added no use of its
+    # own: the caller's use was subtracted and the memory written under it
+    pool = OutputPool()
+    like = torch.zeros(1)
+    for hold in (torch.Tensor.untyped_storage, torch.Tensor.storage):
+        out = pool.empty("x", (2048, 1024), like).fill_(1.0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+            kept = hold(out)
+        ptr = out.data_ptr()
+        del out
+        again = pool.empty("x", (2048, 1024), like)
+        assert again.data_ptr() != ptr
+        again.fill_(2.0)
+        raw = kept.untyped() if hold is torch.Tensor.storage else kept
+        assert struct.unpack("f", bytes(raw[i] for i in range(4))) == (1.0,)
+        del kept, raw, again
+
+
+def test_two_threads_never_get_one_buffer():
+    pool = OutputPool()
+    like = torch.zeros(1)
+    pool.empty("x", (2048, 1024), like)  # the slots exist, both free
+    pool.empty("x", (2048, 1024), like)
+
+    def take(barrier: threading.Barrier, got: list[torch.Tensor]) -> None:
+        barrier.wait()
+        got.append(pool.empty("x", (2048, 1024), like))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the race shows in 1 of ~10 trials
+    try:
+        for _ in range(300):
+            barrier = threading.Barrier(2)
+            got: list[torch.Tensor] = []
+            threads = [threading.Thread(target=take, args=(barrier, got)) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert got[0].data_ptr() != got[1].data_ptr()
+    finally:
+        sys.setswitchinterval(switch)
