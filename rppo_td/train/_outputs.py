@@ -124,16 +124,19 @@ class MetricsLog:
                 resume_from[0],
                 resume_from[0] + 1,
             )
-        self._file = self.path.open("a" if resuming else "w", newline="")
+        # TensorBoard's writer first: where it fails, no metrics.csv is left to make the
+        # directory look like a run
+        self._tb = _tensorboard(directory, purge_step) if tensorboard else None
+        try:
+            self._file = self.path.open("a" if resuming else "w", newline="")
+        except BaseException:
+            if self._tb is not None:
+                self._tb.close()
+            raise
         self._csv = csv.DictWriter(self._file, fieldnames=METRIC_FIELDS)
         if not resuming:
             self._csv.writeheader()
             self._file.flush()
-        self._tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
 
     def write(self, row: dict[str, Any]) -> None:
         """Writes one update's row (missing fields are left empty)."""
@@ -152,6 +155,26 @@ class MetricsLog:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _tensorboard(directory: Path, purge_step: int | None) -> Any:
+    """TensorBoard's ``SummaryWriter`` for ``directory``, or None (a warning) where it fails.
+
+    It encodes the path as UTF-8, which a name of other bytes is not (a Latin-1 file name, or
+    any non-ASCII one under an ASCII locale).
+    """
+    try:
+        str(directory.absolute()).encode("utf-8")
+    except UnicodeEncodeError:
+        log.warning(
+            "TensorBoard's events are not written: the output directory %r is not a UTF-8 "
+            "path, which TensorBoard needs (metrics.csv holds every figure)",
+            str(directory),
+        )
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(directory), purge_step=purge_step)
 
 
 def _truncate_rows(path: Path, last_update: int) -> None:
