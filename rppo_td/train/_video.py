@@ -13,6 +13,7 @@ written with ``imageio-ffmpeg`` (``pip install 'rppo_td[video]'``), every frame 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import struct
@@ -368,7 +369,7 @@ class VideoWriter:
             raise ValueError(f"fps {problem}")
         self.fps = fps
         self.frames = 0
-        self._partial = self.path.with_name(f".{self.path.stem}.partial{self.path.suffix}")
+        self._partial = _partial_path(self.path)
         self._gif: list[Any] = []  # Pillow palette images
         self._durations: list[int] = []
         self._clock_cs = 0.0  # the GIF's true time so far, and what its durations add up to
@@ -468,4 +469,18 @@ class VideoWriter:
                 mp4.close()
         self._gif, self._durations = [], []
         self._clock_cs, self._written_cs = 0.0, 0
-        self._partial.unlink(missing_ok=True)
+        with suppress(OSError):  # a cleanup: the error being handled is the news
+            self._partial.unlink(missing_ok=True)
+
+
+def _partial_path(path: Path) -> Path:
+    """Where a video is written before it is moved to ``path``: beside it, hidden.
+
+    ``.<stem>.partial<suffix>``, or ``.<digest>.partial<suffix>`` where that name would pass
+    the file system's 255 bytes (a legal video name of 247 bytes or more).
+    """
+    name = f".{path.stem}.partial{path.suffix}"
+    if len(os.fsencode(name)) > 255:
+        digest = hashlib.sha1(os.fsencode(path.name)).hexdigest()[:16]
+        name = f".{digest}.partial{path.suffix}"
+    return path.with_name(name)

@@ -499,3 +499,13 @@ def test_odd_sided_mp4_frames_are_padded_with_their_edges(tmp_path):
     assert meta["size"] == (16, 18)
     assert got[:15, :13].mean() < 8  # H.264 is lossy
     assert np.abs(got[16:] - 255).mean() < 24 and np.abs(got[:, 14:] - 255).mean() < 24
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_a_video_name_of_up_to_255_bytes_is_written(poc_checkpoint, tmp_path, capsys, suffix):
+    # the partial file, .<stem>.partial<suffix>, passed the 255-byte limit for names of 247
+    # bytes or more: a traceback, and its cleanup raised the same error again
+    out = tmp_path / ("v" * (255 - len(suffix)) + suffix)
+    result = _eval(capsys, "--checkpoint", poc_checkpoint, "--episodes", "1", "--video", str(out))
+    assert result["video_episodes"] == 1 and out.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no partial file left
