@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 import pickle
 import random
@@ -548,3 +549,27 @@ def test_sigint_in_the_final_evaluation_of_a_background_run(tmp_path):
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted during the final evaluation" in err, err[-2000:]
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("stderr", ["closed", "reader gone"])
+def test_a_stderr_that_cannot_be_written_does_not_stop_the_run(tmp_path, stderr):
+    # the progress bar's first write raised (BrokenPipeError, or a bad file descriptor), the
+    # run ended with status 1 before training, and its error line raised again
+    out = tmp_path / "run"
+    args = [*_command(out, "--total-steps", "64", "--eval-episodes", "1"), "--progress"]
+    read, write = os.pipe()
+    os.close(read)  # `2>&1 | head -1` once head has gone
+    try:
+        if stderr == "closed":  # `2>&-`
+            kwargs = {"preexec_fn": lambda: os.close(2), "stderr": None}
+        else:
+            kwargs = {"stderr": write}
+        done = subprocess.run(
+            args, cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=300, check=False,
+            **kwargs,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["env_steps"] == 64
+    assert (out / "checkpoint.pt").exists() and len(_rows(out)) == 4  # 64 steps of 2 x 8
