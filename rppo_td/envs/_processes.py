@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 import weakref
@@ -171,7 +172,14 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
                 raise reported from None
             first = str(err).splitlines()[0] if str(err) else ""
             hint = ""
-            if not self._answered and isinstance(err, EOFError | ConnectionError):
+            from_stdin = getattr(sys.modules.get("__main__"), "__file__", None) == "<stdin>"
+            if not self._answered and isinstance(err, EOFError | ConnectionError) and from_stdin:
+                hint = (
+                    "; the workers are spawned and import the main module again, which a "
+                    "script read from stdin (python - < script.py) cannot give them: run the "
+                    "script from its file, or use env_processes=0"
+                )
+            elif not self._answered and isinstance(err, EOFError | ConnectionError):
                 # the pipe closed before any worker answered
                 hint = (
                     "; a worker that dies as it starts is often a script that makes the envs "

@@ -55,6 +55,7 @@ from rppo_td.train._outputs import (
     MetricsLog,
     fcntl_available,
     lock_run_directory,
+    path_exists,
     plot_learning_curve,
     prepare_run_directory,
     read_metrics,
@@ -211,7 +212,7 @@ class Trainer:
                     "fresh run)"
                 )
             self.directory = config.output_dir()
-            created = None if self.directory.exists() else self.directory
+            created = None if path_exists(self.directory) else self.directory
             refused: Exception | None = None
             if self.ranks.main:
                 try:

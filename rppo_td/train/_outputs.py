@@ -333,7 +333,7 @@ def prepare_run_directory(
             holds a run while neither ``resuming`` nor ``overwrite``.
     """
     where = repr(str(directory))
-    taken = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    taken = next((p for p in (directory, *directory.parents) if path_exists(p)), None)
     if taken is not None and not taken.is_dir():  # mkdir's "File exists" named no file
         raise ValueError(
             f"output directory {where} cannot be created: {str(taken)!r} is a file, not a "
@@ -355,6 +355,18 @@ def prepare_run_directory(
             handle.close()
         raise
     return handle
+
+
+def path_exists(path: Path) -> bool:
+    """``path.exists()``, False where the path cannot be looked up at all.
+
+    A name over 255 bytes makes ``exists`` raise ``ENAMETOOLONG``: making the directory then
+    names the failure (status 2).
+    """
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _protect(directory: Path, *, resuming: bool, overwrite: bool, keep: str | None) -> None:

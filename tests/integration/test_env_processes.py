@@ -274,3 +274,18 @@ def test_workers_never_run_do_not_hold_the_interpreter_at_exit(tmp_path, ending)
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == (3 if ending == "raise" else 0), done.stderr[-2000:]
+
+
+def test_a_script_read_from_stdin_is_told_to_run_from_its_file(tmp_path):
+    # the hint said to add an `if __name__ == "__main__":` guard, which cannot help here
+    script = (
+        "from rppo_td.train import TrainConfig, Trainer\n"
+        f"Trainer(TrainConfig(output={str(tmp_path / 'run')!r}, num_workers=4, "
+        "rollout_steps=8, total_steps=64, env_processes=2, progress=False))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-"], input=script, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "a script read from stdin (python - < script.py) cannot give them" in done.stderr

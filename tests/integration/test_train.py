@@ -443,6 +443,12 @@ def test_output_directory_that_cannot_be_created(tmp_path, capsys):
     assert "cannot be created" in err and str(blocker / "run") in err
     assert f"{str(blocker)!r} is a file, not a directory" in err  # it said "File exists"
     assert len(err.strip().splitlines()) == 1
+    # a name over 255 bytes: looking it up raised, and the run ended with status 1
+    too_long = tmp_path / ("x" * 300) / "run"
+    assert main(["--preset", "smoke", "--output", str(too_long)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be created or written (File name too long)" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
