@@ -220,8 +220,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         path: ``checkpoint.pt`` or the run directory holding it.
 
     Raises:
-        CheckpointError: no such file, or one that is empty, truncated, corrupt, crafted,
-            from another format version or missing a field; the message names the file.
+        CheckpointError: no such file, or one that cannot be read, is empty, truncated,
+            corrupt, crafted, from another format version or missing a field; the message
+            names the file.
     """
     file = checkpoint_file(path)
     where = repr(str(file))
@@ -229,8 +230,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"no checkpoint at {where}")
     if file.stat().st_size == 0:
         raise CheckpointError(f"{where} is empty, not an rppo_td checkpoint")
-    with file.open("rb") as f:
-        head = f.read(4)
+    try:
+        with file.open("rb") as f:
+            head = f.read(4)
+    except OSError as err:  # no read permission, say
+        raise CheckpointError(f"{where} cannot be read ({err.strerror or err})") from None
     if head != _ZIP_MAGIC:  # summary.json, metrics.csv, a pickle of something else
         raise CheckpointError(
             f"{where} is not an rppo_td checkpoint: checkpoints are the zip archives "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -35,7 +36,7 @@ from rppo_td.train._checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rppo_td.train._config import CLIP_FLOOR, TrainConfig
+from rppo_td.train._config import CLIP_FLOOR, RUNTIME_FIELDS, TrainConfig
 from rppo_td.train._distributed import (
     Ranks,
     RanksRefused,
@@ -887,6 +888,7 @@ def _resumed_config(
             "again with --overwrite (which replaces its files)"
         ) from None
     saved = TrainConfig.from_dict(checkpoint["config"], where=f"the config in {str(file)!r}")
+    _check_resident(file, checkpoint, saved, run_directory)
     given = {**(given or {}), "resume": config.resume}
     if (
         "output" in given
@@ -898,6 +900,47 @@ def _resumed_config(
         )
     given["output"] = str(run_directory)
     return checkpoint, check_resumable(saved, given)
+
+
+def _check_resident(
+    file: Path, checkpoint: dict[str, Any], saved: TrainConfig, run_directory: Path
+) -> None:
+    """Refuses a file resumed beside a ``checkpoint.pt`` of another run, or of a later update.
+
+    The run resumes in the file's directory: its ``metrics.csv`` is cut back to the file's
+    update and its ``checkpoint.pt`` and ``summary.json`` replaced. For another run's file
+    (a copy dropped in beside it) that mixed two runs; for an older one of the same run it
+    dropped the later updates with one INFO line.
+    """
+    resident = run_directory / "checkpoint.pt"
+    if not resident.is_file() or resident.resolve() == file.resolve():
+        return
+    try:
+        theirs = load_checkpoint(resident)
+        their_config = TrainConfig.from_dict(theirs["config"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return  # a damaged checkpoint.pt: resuming a good copy beside it is the way back
+    here = f"{str(file)!r} resumes in {str(run_directory)!r}"
+    differ = [
+        f"{f.name}: {getattr(their_config, f.name)!r} there, {getattr(saved, f.name)!r} here"
+        for f in dataclasses.fields(TrainConfig)
+        if f.name not in RUNTIME_FIELDS and getattr(their_config, f.name) != getattr(saved, f.name)
+    ]
+    if differ:
+        raise ValueError(
+            f"{here}, whose checkpoint.pt is another run's ({', '.join(differ[:3])}"
+            f"{', ...' if len(differ) > 3 else ''}): resuming would mix the two runs' "
+            f"metrics.csv and replace that run's checkpoint; copy {file.name} into a directory "
+            "of its own as checkpoint.pt and resume that"
+        )
+    ours, later = checkpoint["counters"]["update"], theirs["counters"]["update"]
+    if later > ours:
+        raise ValueError(
+            f"{here}, whose checkpoint.pt is of the same run at update {later}: resuming "
+            f"update {ours} would drop updates {ours + 1}-{later} (their metrics.csv rows, "
+            "checkpoint and summary); to go back to it, move checkpoint.pt away first, or "
+            f"copy {file.name} into a directory of its own as checkpoint.pt"
+        )
 
 
 def _upgrade_collector_state(state: dict[str, Any], net: RecurrentActorCritic) -> dict[str, Any]:

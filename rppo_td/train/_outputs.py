@@ -183,16 +183,27 @@ def _truncate_rows(path: Path, last_update: int) -> None:
     A file of an earlier version's columns is rewritten under today's header too (a column
     it lacks is left empty in its rows), so that the rows a resumed run appends line up.
     """
+    refused = (
+        f"{str(path)!r} cannot be read as the run's CSV log ({{}}); move it away to resume "
+        "without the earlier rows, or repair it"
+    )
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        # utf-8-sig: a spreadsheet's "CSV UTF-8" starts the file with a byte-order mark,
+        # which would be read into the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.DictReader(f)
             rows = list(reader)
             header = tuple(reader.fieldnames or ())
     except (UnicodeDecodeError, csv.Error) as err:
-        raise ValueError(
-            f"{str(path)!r} cannot be read as the run's CSV log ({err}); move it away to "
-            "resume without the earlier rows, or repair it"
-        ) from None
+        raise ValueError(refused.format(err)) from None
+    if rows and "update" not in header:
+        # another delimiter (a spreadsheet's semicolons) or another file: every row would be
+        # dropped as malformed, and the file rewritten without them
+        raise ValueError(refused.format(f"its header has no 'update' column: {header[:3]}"))
+    for r in rows:  # a spreadsheet may write an update 6 as 6.0
+        update = r.get("update")
+        if isinstance(update, str) and update.endswith(".0") and update[:-2].isdigit():
+            r["update"] = update[:-2]
     # a row cut short (a power cut before the file reached the disk) has None for the fields
     # it lacks; one too long has a None key
     whole = [
@@ -200,10 +211,12 @@ def _truncate_rows(path: Path, last_update: int) -> None:
         for r in rows
         if (r.get("update") or "").isdigit() and None not in r and None not in r.values()
     ]
+    if rows and not whole:
+        raise ValueError(refused.format(f"none of its {len(rows)} rows names an update"))
     kept = [r for r in whole if int(r["update"]) <= last_update]
     _warn_missing_updates([int(r["update"]) for r in kept], last_update)
-    if len(kept) == len(rows) and header == METRIC_FIELDS and _ends_a_line(path):
-        return
+    # rewritten whole even where nothing changes: the file may be a hard link of another
+    # run's (a copy by cp -al or rsync --link-dest), which the rows appended next would reach
     if len(whole) < len(rows):
         log.warning("metrics.csv: dropping %d malformed rows", len(rows) - len(whole))
     if len(kept) < len(whole):
@@ -216,15 +229,6 @@ def _truncate_rows(path: Path, last_update: int) -> None:
         writer.writeheader()
         writer.writerows(kept)
     os.replace(tmp, path)
-
-
-def _ends_a_line(path: Path) -> bool:
-    """Whether the file is empty or ends with a newline (a row appended starts a line)."""
-    with path.open("rb") as f:
-        if f.seek(0, os.SEEK_END) == 0:
-            return True
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
 
 
 def _warn_missing_updates(updates: list[int], last_update: int) -> None:
@@ -422,8 +426,15 @@ def plot_learning_curve(directory: Path, *, title: str = "") -> Path | None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    # written beside it, then renamed: the old file may be a hard link of another run's
+    # (cp -al), which writing in place would change, and a reader never sees half a PNG
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, out)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return out
 
 

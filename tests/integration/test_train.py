@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import pickle
+import shutil
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ import torch
 
 from rppo_td.evaluate import main as eval_main
 from rppo_td.train import SUMMARY_KEYS, TrainConfig, Trainer, evaluate_agent, load_agent, main
-from rppo_td.train._checkpoint import load_checkpoint
+from rppo_td.train._checkpoint import CheckpointError, load_checkpoint
 from rppo_td.train._loop import _upgrade_collector_state
 
 TINY = {
@@ -463,6 +464,46 @@ def test_resume_into_another_output_is_refused(tmp_path, capsys):
     capsys.readouterr()
     assert main(["--resume", str(out), "--output", str(tmp_path / "elsewhere")]) == 2
     assert "is not the resumed run's directory" in capsys.readouterr().err
+
+
+def test_a_checkpoint_resumed_beside_another_runs_checkpoint_is_refused(tmp_path, capsys):
+    # the run resumes in the file's directory: another run's file dropped in there mixed the
+    # two runs' metrics.csv and replaced that run's checkpoint and summary (status 0)
+    flags = ["--preset", "smoke", "--no-progress", "--checkpoint-every", "1"]
+    lstm, gru = tmp_path / "lstm", tmp_path / "gru"
+    assert main([*flags, "--output", str(lstm)]) == 0
+    assert main([*flags, "--output", str(gru), "--recurrence", "gru"]) == 0
+    shutil.copy(gru / "checkpoint.pt", lstm / "gru.pt")
+    before = {p.name: p.read_bytes() for p in lstm.iterdir()}
+    capsys.readouterr()
+    assert main(["--resume", str(lstm / "gru.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "whose checkpoint.pt is another run's (recurrence: 'lstm' there, 'gru' here)" in err
+    assert {p.name: p.read_bytes() for p in lstm.iterdir()} == before
+    # an older checkpoint of the same run: its later updates would be dropped
+    trainer, config = _run(tmp_path, "same")
+    trainer.run(stop_after_updates=2)
+    shutil.copy(tmp_path / "same" / "checkpoint.pt", tmp_path / "same" / "older.pt")
+    Trainer(config.replace(resume=str(tmp_path / "same"))).run()
+    with pytest.raises(ValueError, match=r"checkpoint.pt is of the same run at update 4: "
+                       r"resuming update 2 would drop updates 3-4"):  # fmt: skip
+        Trainer(config.replace(resume=str(tmp_path / "same" / "older.pt")))
+
+
+def test_an_unreadable_checkpoint_is_one_line(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(["--preset", "smoke", "--output", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    real_open = Path.open
+
+    def denied(self, *args, **kwargs):
+        if self.name == "checkpoint.pt":
+            raise PermissionError(13, "Permission denied")
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", denied)
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt' cannot be read \(Permission"):
+        load_agent(out)
 
 
 def test_resuming_a_finished_run_keeps_its_files(tmp_path, capsys, caplog):

@@ -88,6 +88,21 @@ def test_a_copied_owner_starts_with_an_empty_pool():
     assert copy.deepcopy(padder)._pool._buffers == {}
 
 
+def test_a_copied_or_unpickled_pool_hands_out_buffers():
+    # a copy (a padder deep-copied, or pickled to another process) had no lock: its first
+    # pooled output raised AttributeError
+    import copy
+    import pickle
+
+    pool, like = OutputPool(), torch.zeros(1)
+    pool.empty("x", (2048, 1024), like)
+    for other in (copy.deepcopy(pool), pickle.loads(pickle.dumps(pool))):
+        a = other.empty("x", (2048, 1024), like)
+        b = other.empty("x", (2048, 1024), like)
+        assert a.shape == (2048, 1024) and a.data_ptr() != b.data_ptr()
+        assert len(other._buffers[("x", torch.float32)]) == 2
+
+
 def _rollout(seed):
     torch.manual_seed(seed)
     done = torch.rand(3, 20, 1) < 0.2

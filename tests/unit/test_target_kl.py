@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import os
 
 import gymnasium as gym
 import pytest
@@ -256,3 +257,41 @@ def test_skipped_steps_are_counted_per_update_and_leave_the_optimizer_alone():
     assert [state["step"] for state in update.optimizer.state.values()] == steps
     assert update(_rollout(), clip_epsilon=0.2)["skipped_steps"] == 0
     assert update.skipped == 0
+
+
+def _metrics(path, updates, delimiter=","):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=METRIC_FIELDS, delimiter=delimiter)
+        writer.writeheader()
+        for update in updates:
+            writer.writerow({name: update for name in METRIC_FIELDS})
+
+
+def test_a_metrics_file_a_spreadsheet_saved_keeps_its_rows(tmp_path):
+    # "CSV UTF-8" starts with a byte-order mark, read into the first column's name: every
+    # row was dropped as malformed and the file rewritten without them
+    path = tmp_path / "metrics.csv"
+    _metrics(path, (1, 2, 3))
+    text = path.read_text().replace("\n2,2,", "\n2.0,2,")  # an update written as 2.0
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    _truncate_rows(path, last_update=3)
+    with path.open(newline="") as f:
+        assert [r["update"] for r in csv.DictReader(f)] == ["1", "2", "3"]
+    # semicolons (a spreadsheet in another locale): refused, the file left as it is
+    _metrics(path, (1, 2), delimiter=";")
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"its header has no 'update' column"):
+        _truncate_rows(path, last_update=2)
+    assert path.read_bytes() == before
+
+
+def test_a_resumed_metrics_file_is_a_file_of_its_own(tmp_path):
+    # a hard-linked copy of a run (cp -al, rsync --link-dest) shared its metrics.csv with
+    # the original, and the rows the resumed copy appended reached the original
+    original = tmp_path / "original.csv"
+    _metrics(original, (1, 2))
+    copy = tmp_path / "metrics.csv"
+    os.link(original, copy)
+    _truncate_rows(copy, last_update=2)
+    assert copy.stat().st_ino != original.stat().st_ino
+    assert copy.read_bytes() == original.read_bytes()

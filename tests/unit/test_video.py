@@ -509,3 +509,46 @@ def test_a_video_name_of_up_to_255_bytes_is_written(poc_checkpoint, tmp_path, ca
     result = _eval(capsys, "--checkpoint", poc_checkpoint, "--episodes", "1", "--video", str(out))
     assert result["video_episodes"] == 1 and out.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no partial file left
+
+
+def test_every_name_length_up_to_255_bytes_writes_its_video(tmp_path):
+    # the partial file's name passes 255 bytes from a video name of 247 bytes (.gif): each
+    # length about that bound is written, a multi-byte name too, and no partial file is left
+    names = ["v" * (n - 4) + ".gif" for n in range(240, 256)] + ["é" * 125 + "v.gif"]
+    for name in names:
+        assert len(name.encode()) <= 255
+        writer = VideoWriter(check_video_path(tmp_path / name), fps=4)
+        writer.add(np.zeros((4, 4, 3), dtype=np.uint8))
+        assert writer.close() == tmp_path / name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_long_video_names_get_partial_files_of_their_own():
+    # two videos written at once into one folder must not share a partial file (an mp4 is
+    # streamed into it frame by frame)
+    from pathlib import Path
+
+    from rppo_td.train._video import _partial_path
+
+    partials = {_partial_path(Path("out") / (c * 251 + ".mp4")) for c in "abc"}
+    assert len(partials) == 3
+    assert all(len(p.name.encode()) <= 255 and p.parent == Path("out") for p in partials)
+    assert _partial_path(Path("out/v.gif")) == Path("out/.v.partial.gif")
+
+
+def test_a_failed_cleanup_does_not_hide_the_error(tmp_path, monkeypatch):
+    # the partial file's removal raising again named the cleanup's error, not the write's
+    from rppo_td.train import _video
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    def refused(self, missing_ok=False):
+        raise PermissionError(13, "Permission denied")
+
+    writer = VideoWriter(check_video_path(tmp_path / "out.gif"), fps=4)
+    writer.add(np.zeros((4, 4, 3), dtype=np.uint8))
+    monkeypatch.setattr(_video.os, "replace", full_disk)
+    monkeypatch.setattr(_video.Path, "unlink", refused)
+    with pytest.raises(ValueError, match=r"out\.gif': \[Errno 28\] No space left on device$"):
+        writer.close()

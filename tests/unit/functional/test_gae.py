@@ -220,3 +220,21 @@ def test_a_segment_sum_beyond_the_dtype_is_refused_not_inf():
     with pytest.raises(ValueError, match=r"a sum overflows torch.float16 \(largest finite 65504"):
         discounted_segment_sum(x, keep, 1.0)
     assert torch.isfinite(discounted_segment_sum(x, keep, 0.9)).all()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["kernels", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_value_target_is_rounded_once(native, dtype):
+    # at a terminal step the target is the reward: 1 - (-3000) = 3001 has no float16 (or
+    # bfloat16) of its own, so a target made from the rounded advantage was 0 or 2, not 1
+    shape = (1, 3, 1)
+    ended = torch.ones(shape, dtype=torch.bool)
+    reward = torch.ones(shape, dtype=dtype)
+    value = torch.full(shape, -3000.0, dtype=dtype)
+    with native_kernels(native):
+        advantage, target = generalized_advantage_estimate(
+            reward, value, value, ended, ended, gamma=0.99, lmbda=0.95
+        )
+    assert advantage.dtype == target.dtype == dtype
+    assert torch.equal(target, reward)
+    assert torch.equal(advantage, torch.full(shape, 3001.0).to(dtype))

@@ -386,3 +386,22 @@ def test_row_slices_are_the_rows_in_order_across_split_blocks(sizes):
     for size, piece in zip(sizes, slices, strict=True):
         assert (piece == td[start : start + size]).all() and piece.batch_size == (size,)
         start += size
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_an_epoch_of_more_minibatches_than_a_split_block_is_each_row_once(padded):
+    # minibatches past the first block of 64 were split from the epoch's first rows again
+    # (a wrong offset): an epoch gathered at once gives the minibatches gathered one by one
+    td = SequenceChunker(sequence_length=1)(EpisodeSplitter()(small_rollout(4, 50)))
+    td = SequencePadder()(td) if padded else td
+
+    def epoch(gather_epoch):
+        generator = torch.Generator().manual_seed(0)
+        return list(SequenceSampler(150, generator=generator, gather_epoch=gather_epoch)(td))
+
+    at_once, one_by_one = epoch(True), epoch(False)
+    assert len(at_once) == len(one_by_one) == 150
+    for ours, theirs in zip(at_once, one_by_one, strict=True):
+        assert (ours == theirs).all()
+    steps = torch.cat([(mb["worker_index"] * 50 + mb["time_index"]).flatten() for mb in at_once])
+    assert sorted(steps.tolist()) == list(range(200))
