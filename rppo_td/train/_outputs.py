@@ -219,6 +219,9 @@ def _truncate_rows(path: Path, last_update: int) -> None:
     # run's (a copy by cp -al or rsync --link-dest), which the rows appended next would reach
     if len(whole) < len(rows):
         log.warning("metrics.csv: dropping %d malformed rows", len(rows) - len(whole))
+    extra = [name for name in header if name not in METRIC_FIELDS]
+    if extra:  # a column a user added (a note, say) is not in the rows written from now on
+        log.warning("metrics.csv: dropping the columns the run does not write: %s", extra)
     if len(kept) < len(whole):
         log.info(
             "metrics.csv: dropping %d rows logged after the checkpoint", len(whole) - len(kept)

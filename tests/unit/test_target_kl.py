@@ -295,3 +295,14 @@ def test_a_resumed_metrics_file_is_a_file_of_its_own(tmp_path):
     _truncate_rows(copy, last_update=2)
     assert copy.stat().st_ino != original.stat().st_ino
     assert copy.read_bytes() == original.read_bytes()
+
+
+def test_a_column_a_user_added_is_dropped_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "metrics.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*METRIC_FIELDS, "note"])
+        writer.writeheader()
+        writer.writerow({name: 1 for name in METRIC_FIELDS} | {"note": "good run"})
+    _truncate_rows(path, last_update=1)
+    assert "dropping the columns the run does not write: ['note']" in caplog.text
+    assert "note" not in path.read_text()
