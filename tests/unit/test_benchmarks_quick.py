@@ -769,10 +769,36 @@ def test_a_bad_output_is_refused_before_any_work(tmp_path: Path) -> None:
         ("sub/", "must name a file"),
         ("", "must name a file"),
         (str(tmp_path / "taken"), "is a folder"),
+        ("/proc/x", "cannot write in /proc"),  # a folder that is there, but not writable
     ]:
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
             results_name(output)
     assert results_name("/tmp/x.json") == "/tmp/x"
+
+
+def test_argument_types_take_their_bounds_and_refuse_past_them() -> None:
+    # rppo-train's seeds end at 2**32 - 1, which must pass; infinities are not finite
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from _common import MAX_SEED, at_least, check_seeds, finite_float
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    parser = argparse.ArgumentParser()
+    check_seeds(parser, "--seeds", [0, MAX_SEED])
+    with mock.patch.object(parser, "error", side_effect=SystemExit(2)) as error:
+        for bad in ([MAX_SEED + 1], [-1], [3, 3]):
+            with pytest.raises(SystemExit):
+                check_seeds(parser, "--seeds", bad)
+        assert error.call_count == 3
+    seed = at_least(0, MAX_SEED)
+    assert seed("0") == 0 and seed(str(MAX_SEED)) == MAX_SEED
+    for bad in (str(MAX_SEED + 1), "-1", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(f"in [0, {MAX_SEED}]")):
+            seed(bad)
+    assert finite_float("-1e300") == -1e300
+    for bad in ("nan", "inf", "-inf", "1e999", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected a finite number"):
+            finite_float(bad)
 
 
 def test_scripts_refuse_bad_settings_before_any_run(tmp_path: Path) -> None:

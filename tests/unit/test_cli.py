@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -649,3 +651,55 @@ def test_settings_from_a_file_or_python_are_read_as_a_user_means_them(tmp_path, 
         check_resumable(saved, {"env_processes": 3})  # checked in full, resume or not
     help_text = " ".join(build_parser().format_help().split())
     assert "(default: 'INFO'; one of DEBUG, INFO, WARNING, ERROR, CRITICAL)" in help_text
+
+
+def test_closed_standard_descriptors_point_at_devnull(tmp_path):
+    # with `<&- >&-` the next file opened took descriptor 0 (then 1): what writes to stdout
+    # from C, or a process started later, wrote into that file (a run's own, say)
+    script = (
+        "import os, sys\n"
+        "from rppo_td._entry import guard_std_streams\n"
+        "guard_std_streams()\n"
+        "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\n"
+        "null = [os.path.samefile(f'/proc/self/fd/{i}', os.devnull) for i in (0, 1)]\n"
+        "os.write(fd, f'{fd} {null}'.encode())\n"
+    )
+    out = tmp_path / "opened"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(out)], stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: [os.close(fd) for fd in (0, 1)], timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    fd, null = out.read_text().split(" ", 1)
+    assert int(fd) > 2 and null == "[True, True]"
+
+
+def test_stderr_whose_file_fails_drops_its_writes():
+    # a reader gone (`2>&1 | head -1`): the write's error ended the run; the descriptor is
+    # pointed at devnull too, so what writes to it later (C code, a child process) succeeds
+    from rppo_td._entry import QuietStream
+
+    read, write = os.pipe()
+    os.close(read)
+    stream = open(write, "w", buffering=1)  # noqa: SIM115 (closed below)
+    quiet = QuietStream(stream)
+    try:
+        assert quiet.write("lost\n") == 5
+        assert quiet.write("also lost\n") == 10
+        quiet.flush()
+        assert os.write(write, b"x") == 1  # devnull, not the broken pipe
+    finally:
+        quiet.close()
+        stream.close()
+
+    class FailingFlush(io.StringIO):
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    failing = FailingFlush()
+    quiet = QuietStream(failing)
+    quiet.flush()  # dropped, not raised
+    quiet.write("later\n")
+    quiet.flush()
+    assert failing.getvalue() == ""  # what follows goes to devnull
+    quiet.close()

@@ -405,3 +405,23 @@ def test_an_epoch_of_more_minibatches_than_a_split_block_is_each_row_once(padded
         assert (ours == theirs).all()
     steps = torch.cat([(mb["worker_index"] * 50 + mb["time_index"]).flatten() for mb in at_once])
     assert sorted(steps.tolist()) == list(range(200))
+
+
+def test_row_slices_split_a_block_of_minibatches_at_a_time():
+    # all minibatches split at once held a view per leaf and minibatch before the first was
+    # used (1e5 minibatches: +1.2 GiB and seconds before the first one)
+    td = TensorDict({"a": torch.arange(2000).view(1000, 2), ("n", "b"): torch.arange(1000)}, [1000])
+    split = torch.Tensor.split_with_sizes
+    pieces: list[int] = []
+
+    def counted(self, sizes, *args, **kwargs):
+        pieces.append(len(sizes))
+        return split(self, sizes, *args, **kwargs)
+
+    with mock.patch.object(torch.Tensor, "split_with_sizes", counted):
+        slices = row_slices(td, [1] * 1000)
+        first = next(slices)
+        assert 0 < sum(pieces) <= 2 * 128  # a block (64) for each of the two leaves, not all
+        assert torch.equal(first["a"], td["a"][:1])
+        assert sum(1 for _ in slices) == 999
+    assert sum(pieces) == 2 * 1000
