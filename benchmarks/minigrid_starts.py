@@ -73,8 +73,15 @@ def first_actions(agent: RecurrentActorCritic, first: np.ndarray) -> tuple[list[
     return td.get("action").tolist(), td.get("action_log_prob").exp().tolist()
 
 
-def by_start(file: Path, agent: RecurrentActorCritic, config, episodes: int, seed: int) -> dict:
+def by_start(path: str, episodes: int, seed: int) -> dict:
     """The checkpoint's deterministic returns, and its successes per start ``x``."""
+    file = checkpoint_file(path)
+    agent, config, _ = load_agent(file)
+    return by_start_of(file, agent, config, episodes, seed)
+
+
+def by_start_of(file: Path, agent: RecurrentActorCritic, config, episodes: int, seed: int) -> dict:
+    """``by_start`` of a checkpoint loaded already (``load_agent``)."""
     starts, first = start_positions(config.env, episodes, seed)
     modes, chances = first_actions(agent, first)
     result = evaluate_agent(agent, config.env, episodes=episodes, seed=seed)
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{path}: {first_line(err)}")
         start_positions(config.env, 1, args.seed)  # a MiniGrid Memory env, or SystemExit
         loaded.append((file, agent, config))
-    results = [by_start(*run, args.episodes, args.seed) for run in loaded]
+    results = [by_start_of(*run, args.episodes, args.seed) for run in loaded]
     starts = sorted({int(x) for r in results for x in r["by_start"]})
     rows = [
         [

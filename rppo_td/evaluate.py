@@ -14,7 +14,7 @@ from rppo_td.train import evaluate_main as main
 __all__ = ["evaluate_agent", "main"]
 
 if __name__ == "__main__":
-    from rppo_td._entry import guard_std_streams
+    from rppo_td._streams import guard_std_streams
 
     guard_std_streams()
     sys.exit(main())

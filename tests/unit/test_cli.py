@@ -658,7 +658,7 @@ def test_closed_standard_descriptors_point_at_devnull(tmp_path):
     # from C, or a process started later, wrote into that file (a run's own, say)
     script = (
         "import os, sys\n"
-        "from rppo_td._entry import guard_std_streams\n"
+        "from rppo_td._streams import guard_std_streams\n"
         "guard_std_streams()\n"
         "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\n"
         "null = [os.path.samefile(f'/proc/self/fd/{i}', os.devnull) for i in (0, 1)]\n"
@@ -677,7 +677,7 @@ def test_closed_standard_descriptors_point_at_devnull(tmp_path):
 def test_stderr_whose_file_fails_drops_its_writes():
     # a reader gone (`2>&1 | head -1`): the write's error ended the run; the descriptor is
     # pointed at devnull too, so what writes to it later (C code, a child process) succeeds
-    from rppo_td._entry import QuietStream
+    from rppo_td._streams import QuietStream
 
     read, write = os.pipe()
     os.close(read)
