@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 import os
 
+import pytest
+
+from rppo_td.train import _outputs
 from rppo_td.train._outputs import MetricsLog
 
 
@@ -29,3 +32,18 @@ def test_a_utf8_path_gets_tensorboard_events(tmp_path):
     log.write({"update": 1, "env_steps": 8, "loss": 0.5})
     log.close()
     assert list(directory.glob("events.out.tfevents*"))
+
+
+def test_tensorboards_writer_is_closed_when_metrics_csv_cannot_be_opened(tmp_path, monkeypatch):
+    # the writer's thread and events file outlived the failed start otherwise
+    closed = []
+
+    class Writer:
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(_outputs, "_tensorboard", lambda directory, purge_step: Writer())
+    (tmp_path / "metrics.csv").mkdir()  # a folder in its place: opening it fails
+    with pytest.raises(IsADirectoryError):
+        MetricsLog(tmp_path)
+    assert closed == [True]
