@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
@@ -42,6 +42,7 @@ __all__ = [
     "MissingKeyError",
     "implies",
     "integer",
+    "is_integer",
     "none_true",
     "rollout_shape",
     "tensor_leaves",
@@ -147,13 +148,18 @@ def check_shape(name: NestedKey | str, x: torch.Tensor, expected: Sequence[int])
         raise ValueError(f"{_name(name)} must have shape {list(expected)}, got {list(x.shape)}")
 
 
-def integer(name: str, value: object) -> int:
-    """``value`` as a Python ``int``, or a ``ValueError`` naming ``name``.
+def is_integer(value: object) -> TypeGuard[numbers.Integral]:
+    """Whether ``value`` is of an integer type: numpy's too, not a bool.
 
-    Any integer type is taken (numpy's too: a sweep's grid, a value read from an array),
-    bools, floats (``2.0``), strings and tensors are not.
+    A sweep's grid or a value read from an array is a numpy integer; floats (``2.0``),
+    strings and tensors are not integers here.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def integer(name: str, value: object) -> int:
+    """``value`` as a Python ``int`` (``is_integer``), or a ``ValueError`` naming ``name``."""
+    if not is_integer(value):
         raise ValueError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     return int(value)
 
@@ -358,21 +364,21 @@ def check_int_at_least(name: str, value: object, low: int) -> None:
 def whole_at_least(name: str, value: object, low: int) -> int:
     """``value`` as a Python ``int`` ``>= low``, or a ``ValueError`` naming ``name``.
 
-    Any integer type is taken (``integer``). ``check_int_at_least`` is the stricter twin for
+    Any integer type is taken (``is_integer``). ``check_int_at_least`` is the stricter twin for
     counts given as ``int``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+    if not is_integer(value) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     return int(value)
 
 
 def optional_count(name: str, value: object) -> int | None:
-    """``value`` as a Python ``int >= 1`` (any integer type, ``integer``), or None as given."""
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
-    ):
+    """``value`` as a Python ``int >= 1`` (any integer type, ``is_integer``), or None as given."""
+    if value is None:
+        return None
+    if not is_integer(value) or value < 1:
         raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-    return None if value is None else int(value)
+    return int(value)
 
 
 def first_line(err: BaseException, *, limit: int | None = None, sentence: bool = False) -> str:

@@ -172,21 +172,9 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
                 raise reported from None
             first = str(err).splitlines()[0] if str(err) else ""
             hint = ""
-            from_stdin = getattr(sys.modules.get("__main__"), "__file__", None) == "<stdin>"
-            if not self._answered and isinstance(err, EOFError | ConnectionError) and from_stdin:
-                hint = (
-                    "; the workers are spawned and import the main module again, which a "
-                    "script read from stdin (python - < script.py) cannot give them: run the "
-                    "script from its file, or use env_processes=0"
-                )
-            elif not self._answered and isinstance(err, EOFError | ConnectionError):
+            if not self._answered and isinstance(err, EOFError | ConnectionError):
                 # the pipe closed before any worker answered
-                hint = (
-                    "; a worker that dies as it starts is often a script that makes the envs "
-                    "when imported: the workers are spawned and import the main module again, "
-                    "so put that code under `if __name__ == '__main__':` (the worker's own "
-                    "traceback is on stderr)"
-                )
+                hint = _SPAWN_HINT_STDIN if _main_from_stdin() else _SPAWN_HINT
             raise EnvError(
                 f"env {self.env_id!r}: a worker process failed ({type(err).__name__}: "
                 f"{first}){hint}"
@@ -221,6 +209,24 @@ class ProcessVectorEnv(gym.vector.VectorEnv):
             return value.astype(space.dtype, copy=True)
 
         return _rebuild(self.single_observation_space, (), leaf)
+
+
+# why a worker died before it answered: the workers are spawned and import the main module
+_SPAWN_HINT = (
+    "; a worker that dies as it starts is often a script that makes the envs when imported: "
+    "the workers are spawned and import the main module again, so put that code under "
+    "`if __name__ == '__main__':` (the worker's own traceback is on stderr)"
+)
+_SPAWN_HINT_STDIN = (
+    "; the workers are spawned and import the main module again, which a script read from "
+    "stdin (python - < script.py) cannot give them: run the script from its file, or use "
+    "env_processes=0"
+)
+
+
+def _main_from_stdin() -> bool:
+    """Whether the main module is a script read from stdin (``python - < script.py``)."""
+    return getattr(sys.modules.get("__main__"), "__file__", None) == "<stdin>"
 
 
 def _shut_down(env: Any, errors: str, threads: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -11,6 +10,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import nn
 
+from rppo_td._validation import is_integer
 from rppo_td.modules._encoders import ObservationEncoder
 from rppo_td.modules._heads import make_action_head
 from rppo_td.modules._normalizer import ObservationNormalizer
@@ -302,7 +302,7 @@ class RecurrentActorCritic(nn.Module):
             ("head_layers", head_layers, 0),
         ):
             # numpy's integers are ints here (a config read through numpy, a sweep's grid)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_integer(value):
                 raise ValueError(
                     f"{name} must be an int >= {low}, got {value!r} ({type(value).__name__})"
                 )
