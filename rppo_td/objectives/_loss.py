@@ -999,9 +999,18 @@ def _check_coefficients(
 
 def _log_prob_shape_error(keys: Any, advantage: torch.Size, got: Any) -> ValueError:
     """The stored log-probabilities do not have one entry per step of ``advantage``."""
+    steps = list(advantage[:-1])
+    hint = ""
+    if isinstance(got, list) and len(got) > len(steps) and got[: len(steps)] == steps:
+        # e.g. torch.distributions.Normal: one log-probability per action dimension
+        hint = (
+            ": one per action dimension? Use a distribution whose log_prob sums over them "
+            "(TorchRL's IndependentNormal or TanhNormal), or sum the stored log-probability "
+            "over its trailing dimensions"
+        )
     return ValueError(
         f"{keys.sample_log_prob!r} must hold one log-probability per step, "
-        f"{list(advantage[:-1])} (as {keys.advantage!r} {list(advantage)}), got {got}"
+        f"{steps} (as {keys.advantage!r} {list(advantage)}), got {got}{hint}"
     )
 
 

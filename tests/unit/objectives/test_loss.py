@@ -390,6 +390,28 @@ def test_advantage_and_log_prob_shapes_that_would_broadcast_are_refused():
         loss(batch)  # the right shapes still pass
 
 
+def test_a_log_prob_per_action_dimension_is_refused_with_the_way_out():
+    # torch.distributions.Normal gives [B, Lp, A]: the refusal said what was wrong, not how
+    # to mend it (a distribution that sums over the dimensions, or a summed log-prob)
+    agent = make_agent("lstm")
+    loss = _loss(agent)
+    batch = _padded(agent)
+    per_dim = batch.clone().set(
+        "action_log_prob", batch["action_log_prob"][..., None].expand(*batch.batch_size, 3).clone()
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"got \[.*, 3\]: one per action dimension\? .*"
+        r"IndependentNormal",
+    ):
+        loss(per_dim)
+    # a log-prob whose leading dims are not the steps' gets no such hint
+    from rppo_td.objectives._loss import _log_prob_shape_error
+
+    error = _log_prob_shape_error(loss.tensor_keys, torch.Size([4, 5, 1]), [4, 6, 3])
+    assert "action dimension" not in str(error)
+
+
 def test_make_value_estimator_returns_the_loss_for_every_estimator():
     from torchrl.objectives.utils import ValueEstimators
 
