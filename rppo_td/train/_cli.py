@@ -209,7 +209,12 @@ def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:
             bounds = f"; > {above}" if high is None else f"; > {above}, at most {high}"
         if f.metadata.get("choices"):  # checked by the config, whatever the case
             bounds = f"; one of {', '.join(map(str, f.metadata['choices']))}"
-        help_text = f"{f.metadata.get('help', '')} (default: {f.default!r}{bounds})"
+        text = f.metadata.get("help", "")
+        if "(default " in text:  # the help says what the default means (--output)
+            help_text = f"{text[:-1]}{bounds})" if bounds else text
+        else:
+            shown = "none" if f.default == "" else repr(f.default)
+            help_text = f"{text} (default: {shown}{bounds})"
         if kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         else:

@@ -703,3 +703,11 @@ def test_stderr_whose_file_fails_drops_its_writes():
     quiet.flush()
     assert failing.getvalue() == ""  # what follows goes to devnull
     quiet.close()
+
+
+def test_help_gives_each_setting_one_default_and_says_none_for_empty_ones():
+    # --output read "(default runs/<env>-<recurrence>-s<seed>) (default: '')"
+    help_text = " ".join(build_parser().format_help().split())
+    assert "(default runs/<env>-<recurrence>-s<seed>) --resume" in help_text
+    assert "so resume only runs you trust (default: none) " in help_text
+    assert "(default: '')" not in help_text
