@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import typing
 from importlib import resources
@@ -22,9 +23,17 @@ from rppo_td.train._config import (
     field_hints,
     renamed_settings,
     unknown_settings,
+    whole_number,
 )
 
-__all__ = ["ShortErrorParser", "build_parser", "config_from_args", "list_presets", "load_yaml"]
+__all__ = [
+    "ShortErrorParser",
+    "build_parser",
+    "config_from_args",
+    "integer_flag",
+    "list_presets",
+    "load_yaml",
+]
 
 
 def list_presets() -> list[str]:
@@ -108,16 +117,40 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _yaml_number(name: str, value: Any) -> Any:
-    """``value``, a float where a float setting got YAML 1.1's text for one (``1e-3``).
+    """``value``, a number where a number setting got YAML 1.1's text for one (``1e-3``).
 
-    YAML 1.1 reads ``1e-3`` (no dot) as a string; the command line reads it as a number.
+    YAML 1.1 reads ``1e-3`` and ``1e5`` (no dot, no sign) as strings; the command line reads
+    them as numbers. A count's ``1e5`` (or ``100000.0``) is 100000 (``whole_number``);
+    ``1.5e0`` is left as it is, refused by the config's own check, which names the setting.
     """
-    if field_hints().get(name) is float and isinstance(value, str):
+    hint = field_hints().get(name)
+    if hint is float and isinstance(value, str):
         try:
             return float(value)
         except ValueError:
             return value  # refused by the config's own check, which names the setting
+    if hint is int and isinstance(value, str | float):  # !!float 1e5, 100000.0
+        whole = whole_number(value)
+        return value if whole is None else whole
     return value
+
+
+def integer_flag(text: str) -> int:
+    """An integer flag's value: digits, or a whole number in float notation (``1e5``)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    whole = whole_number(text)
+    if whole is not None:
+        return whole
+    try:
+        big = math.isfinite(float(text)) and abs(float(text)) > 2**53
+    except ValueError:
+        big = False
+    if big:  # 1e300: whole, but a float this large may not be the number meant
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond 2**53: write it in digits")
+    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
 
 
 class _Once(argparse.Action):
@@ -173,7 +206,7 @@ def _parse_type(hint: Any):
     if typing.get_origin(hint) is typing.Literal:
         choices = typing.get_args(hint)
         return type(choices[0]), list(choices)
-    return hint, None
+    return (integer_flag if hint is int else hint), None  # --total-steps 1e5
 
 
 def build_parser(prog: str = "rppo-train") -> argparse.ArgumentParser:

@@ -150,6 +150,27 @@ def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
         raise ValueError(f"{name} must be {what}{bound}, got {_brief(value)}")
 
 
+# the largest magnitude below which every whole float is one integer exactly
+_EXACT_FLOAT_INT = 2**53
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as an ``int`` where it is a whole number written as a float, else ``None``.
+
+    ``1e5`` and ``100000.0`` (a float, or the text of one: YAML 1.1 reads ``1e5`` as a
+    string) are the count 100000; ``1.5``, ``nan``, ``inf`` and floats beyond 2**53 (which
+    may not be the number written) are not, nor are bools, ints or other text.
+    """
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, float) or not _finite(value) or not value.is_integer():
+        return None
+    return int(value) if abs(value) <= _EXACT_FLOAT_INT else None
+
+
 def _finite(value: float) -> bool:
     """``math.isfinite``, False for an int beyond float's range (YAML's ``1000...0``)."""
     try:
@@ -388,6 +409,7 @@ class TrainConfig:
         # numpy scalars (a sweep over np.arange, a value read from an array) as Python's
         # own, so that they pass the checks and are written to YAML and JSON as numbers; a
         # whole number for a float setting as a float (learning_rate: 1 is 1.0 in summary.json)
+        # and a whole float for a count as an int (total_steps=1e5)
         hints = field_hints()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -395,6 +417,9 @@ class TrainConfig:
                 value = value.item()
             if hints[f.name] is float and type(value) is int and _finite(value):
                 value = float(value)  # (one beyond float's range is refused by validate)
+            if hints[f.name] is int and isinstance(value, float):
+                whole = whole_number(value)
+                value = value if whole is None else whole  # 1.5 is refused by validate
             setattr(self, f.name, value)
         if isinstance(self.log_level, str):
             self.log_level = self.log_level.upper()

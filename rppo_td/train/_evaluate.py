@@ -25,7 +25,7 @@ from rppo_td._validation import first_line, whole_at_least
 from rppo_td.envs import EnvError, make_vector_env, resolve_env_id
 from rppo_td.modules import RecurrentActor, RecurrentActorCritic, observation_to_tensordict
 from rppo_td.train._checkpoint import load_checkpoint
-from rppo_td.train._cli import ShortErrorParser
+from rppo_td.train._cli import ShortErrorParser, integer_flag
 from rppo_td.train._config import TrainConfig
 from rppo_td.train._outputs import json_text, print_result
 from rppo_td.train._setup import build_agent
@@ -431,11 +431,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = ShortErrorParser(prog="rppo-eval", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or its run directory")
     parser.add_argument(
-        "--episodes", type=int, default=20, help=f"episodes, 1 to {MAX_EPISODES} (default 20)"
+        "--episodes",
+        type=integer_flag,
+        default=20,
+        help=f"episodes, 1 to {MAX_EPISODES} (default 20)",
     )
     parser.add_argument(
         "--seed",
-        type=int,
+        type=integer_flag,
         default=10_000,
         help="env seed, and with --stochastic the action sampler's (default 10000; at most "
         "2**64 - --episodes)",
@@ -443,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stochastic", action="store_true", help="sample instead of the mode")
     parser.add_argument(
         "--max-episode-steps",
-        type=int,
+        type=integer_flag,
         metavar="N",
         help="cut an episode still running after N steps, with a warning (default: none for "
         "an env with a time limit of its own, else "
@@ -460,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--video-episodes",
-        type=int,
+        type=integer_flag,
         metavar="N",
         help="record the first N evaluated episodes (seeds SEED to SEED+N-1; played again by "
         "the same policy: the same episodes, or with --stochastic new samples) (default 1)",
@@ -483,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=integer_flag,
         help="torch CPU threads, 0 to 4096 (0 keeps torch's default; default: the run's --threads)",
     )
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import gymnasium as gym
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rppo_td.train import TrainConfig, build_parser, list_presets
 from rppo_td.train._cli import config_from_args, load_yaml
@@ -95,7 +98,7 @@ def test_config_file_then_flags(tmp_path):
         # 0 was in the help's range, then refused by the loss as normalize_advantage_eps
         (["--advantage-eps", "0"], "--advantage-eps must be a finite number in (0.0, 1000000.0]"),
         (["--recurrence", "rnn"], "invalid choice: 'rnn'"),
-        (["--total-steps", "ten"], "invalid int value: 'ten'"),
+        (["--total-steps", "ten"], "argument --total-steps: 'ten' is not a whole number"),
         (["--total-steps", "100"], "less than one rollout"),
         (["--preset", "nope"], "unknown preset 'nope'"),
         # the first preset was dropped silently
@@ -711,3 +714,38 @@ def test_help_gives_each_setting_one_default_and_says_none_for_empty_ones():
     assert "(default runs/<env>-<recurrence>-s<seed>) --resume" in help_text
     assert "so resume only runs you trust (default: none) " in help_text
     assert "(default: '')" not in help_text
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**60), 2**60).map(float))
+def test_whole_number_is_the_int_a_float_names_exactly(value):
+    from rppo_td.train._config import whole_number
+
+    whole = whole_number(value)
+    exact = math.isfinite(value) and value.is_integer() and abs(value) <= 2**53
+    assert (whole is not None) == exact
+    if exact:
+        assert type(whole) is int and whole == value
+        assert whole_number(repr(value)) == whole  # the text YAML 1.1 leaves: '1e+16'
+    assert whole_number(True) is None and whole_number(3) is None and whole_number("x") is None
+
+
+def test_counts_written_in_float_notation_are_read_as_counts(tmp_path, capsys):
+    # YAML 1.1 reads `total_steps: 1e5` as the string '1e5' and rl-zoo writes
+    # `!!float 1e5`: both were refused ("must be an integer, got '1e5'"), as was --total-steps 1e5
+    config, given = config_from_args(["--total-steps", "2.048e3", "--num-workers", "16.0"])
+    assert (config.total_steps, config.num_workers) == (2048, 16) and given["total_steps"] == 2048
+    assert type(config.total_steps) is int
+    for text in ("total_steps: 2e3\n", "total_steps: !!float 2000\n", "total_steps: 2000.0\n"):
+        path = tmp_path / "run.yaml"
+        path.write_text(text)
+        config, _ = config_from_args(["--config", str(path)])
+        assert config.total_steps == 2000 and type(config.total_steps) is int
+    assert TrainConfig(total_steps=1e5).total_steps == 100_000
+    # not whole, or too large to be the number written: refused by name
+    assert "'2.5e0' is not a whole number" in _error(capsys, ["--total-steps", "2.5e0"])
+    assert "'1e300' is beyond 2**53: write it in digits" in _error(capsys, ["--seed", "1e300"])
+    path = tmp_path / "half.yaml"
+    path.write_text("total_steps: 2000.5\n")
+    assert "total_steps must be an integer in [1, " in _error(capsys, ["--config", str(path)])
+    with pytest.raises(ValueError, match=r"total_steps must be an integer in .*got 1e\+20"):
+        TrainConfig(total_steps=1e20)
