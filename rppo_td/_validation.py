@@ -28,6 +28,7 @@ __all__ = [
     "check_generator",
     "check_key_list",
     "check_not_meta",
+    "check_tensordict",
     "check_not_padded",
     "check_sequence_length",
     "check_shape",
@@ -79,6 +80,21 @@ def get_key(td: TensorDictBase, key: NestedKey, *, hint: str = "") -> torch.Tens
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"key {_name(key)} must hold a tensor, got {type(value).__name__}")
     return value
+
+
+def check_tensordict(value: object, who: str) -> None:
+    """Raises a ``TypeError`` unless ``value`` is a tensordict (or a tensorclass).
+
+    A ``dict`` or ``None`` failed deeper with an ``AttributeError`` naming neither.
+    """
+    from tensordict import is_tensor_collection  # not at import: functional imports torch only
+
+    if not is_tensor_collection(value):
+        raise TypeError(
+            f"{who} takes a TensorDict (batch [W, T] for a rollout, [N, Lp] for padded "
+            f"sequences), got {type(value).__name__}"
+            + (": TensorDict(d, batch_size=[W, T]) makes one" if isinstance(value, dict) else "")
+        )
 
 
 def rollout_shape(td: TensorDictBase, who: str) -> tuple[int, int]:

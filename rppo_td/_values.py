@@ -16,11 +16,17 @@ import contextlib
 from collections.abc import Callable
 
 import torch
-from tensordict import NestedKey, TensorDictBase, unravel_key
+from tensordict import NestedKey, TensorDictBase, is_tensor_collection, unravel_key
 from torch import nn
 from torchrl.modules import GRUModule, LSTMModule, recurrent_mode
 
-from rppo_td._validation import MissingKeyError, check_dtype, check_not_transposed, get_key
+from rppo_td._validation import (
+    MissingKeyError,
+    check_dtype,
+    check_not_transposed,
+    first_line,
+    get_key,
+)
 
 __all__ = [
     "episode_ends",
@@ -102,14 +108,40 @@ def network_values(
         value = None
         if current:
             with functional_parameters(params, network):
-                value = get_key(network(root), value_key, hint="(value_network's output)")
+                out = _run(network, root, who, plain=not in_keys)
+                value = get_key(out, value_key, hint="(value_network's output)")
         with functional_parameters(target_params, network):
             next_value = get_key(
-                network(following),
+                _run(network, following, who, plain=not in_keys),
                 value_key,
                 hint="(value_network's output on 'next')",
             )
     return value, next_value
+
+
+def _run(
+    network: Callable[[TensorDictBase], TensorDictBase],
+    tensordict: TensorDictBase,
+    who: str,
+    *,
+    plain: bool,
+) -> TensorDictBase:
+    """``network(tensordict)``, refusing a plain callable that is no TensorDict module.
+
+    An ``nn.Linear`` failed with torch's dispatch error from inside it; one returning a
+    tensor failed reading the value from it.
+    """
+    if not plain:
+        return network(tensordict)
+    what = f"{who}'s value_network ({type(network).__name__}, without in_keys)"
+    expected = "it must be a TensorDict module, or a callable taking and returning a tensordict"
+    try:
+        out = network(tensordict)
+    except TypeError as err:
+        raise TypeError(f"{what} failed on a tensordict ({first_line(err)}): {expected}") from err
+    if not is_tensor_collection(out):
+        raise TypeError(f"{what} returned {type(out).__name__}, not a tensordict: {expected}")
+    return out
 
 
 def _check_inputs(

@@ -9,7 +9,7 @@ import torch
 from tensordict import NestedKey, TensorDictBase
 from torch import nn
 
-from rppo_td._validation import MissingKeyError
+from rppo_td._validation import MissingKeyError, check_tensordict
 from rppo_td.modules._spaces import ObservationLeaf, is_image
 
 __all__ = ["ObservationNormalizer"]
@@ -135,16 +135,44 @@ class ObservationNormalizer(nn.Module):
         return [*means, *(f"var_{i}" for i in range(len(self.keys))), "count"]
 
     @torch.no_grad()
-    def update(self, obs: TensorDictBase) -> None:
+    def update(self, obs: TensorDictBase, *, loss_mask: NestedKey = "loss_mask") -> None:
         """Merges the statistics of ``obs`` (any batch) into the running ones (Chan et al.).
+
+        Padded sequences (or a minibatch of them) count their real steps only: where ``obs``
+        holds ``loss_mask`` (``[*B]`` bool, True on real steps), the padding is left out (its
+        zeros would pull the mean towards 0 and stay in the statistics for good).
+
+        Args:
+            obs: observations with batch ``[*B]`` (a ``[W, T]`` rollout, padded sequences).
+            loss_mask: the mask's key, where ``SequencePadder`` was given another.
 
         Raises:
             ValueError: a leaf missing, of another trailing shape than its space's, or holding
                 a NaN or an infinity (it would stay in the running statistics for good),
-                naming the key; nothing is merged then.
+                naming the key; a ``loss_mask`` that is not ``[*B]`` bool; nothing is merged
+                then.
         """
         if not self.keys:
             return
+        check_tensordict(obs, "ObservationNormalizer.update")
+        mask = obs.get(loss_mask, None)
+        if mask is not None:
+            if not (
+                isinstance(mask, torch.Tensor)
+                and mask.dtype == torch.bool
+                and mask.shape == obs.batch_size
+            ):
+                got = (
+                    f"{mask.dtype} {list(mask.shape)}"
+                    if isinstance(mask, torch.Tensor)
+                    else (type(mask).__name__)
+                )
+                raise ValueError(
+                    f"ObservationNormalizer.update: {loss_mask!r} must be bool with the batch "
+                    f"shape {list(obs.batch_size)} (True on real steps), got {got}; nothing "
+                    "was merged"
+                )
+            obs = obs.select(*self.keys, strict=False)[mask]  # [n], the real steps
         leaves = [self._checked_leaf(obs, key) for key in self.keys]
         if leaves[0].numel() == 0:
             return  # no observation: nothing to merge (the mean of none is NaN)

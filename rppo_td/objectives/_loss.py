@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+import numpy
 import torch
 from tensordict import NestedKey, TensorDict, TensorDictBase
 from tensordict.nn import CompositeDistribution, dispatch
@@ -27,7 +28,7 @@ from rppo_td._distributed import (
     settings_across_group,
 )
 from rppo_td._keys import RolloutKeys, as_path
-from rppo_td._validation import MissingKeyError, get_key
+from rppo_td._validation import MissingKeyError, first_line, get_key
 from rppo_td._values import functional_parameters, state_dtype_error, torchrl_cores
 from rppo_td.functional import masked_mean, masked_normalize
 from rppo_td.objectives._value import GAEEstimator
@@ -35,6 +36,7 @@ from rppo_td.objectives._value import GAEEstimator
 __all__ = ["RecurrentPPOLoss"]
 
 _DEFAULT = RolloutKeys()
+_CRITIC_LOSSES = ("l1", "l2", "smooth_l1")
 # the keyword arguments TorchRL's ClipPPOLoss and PPOLoss take (PPOLoss swallows any other
 # silently), and the two it refuses itself with a message naming their new spelling
 _TORCHRL_KWARGS = {
@@ -218,6 +220,17 @@ class RecurrentPPOLoss(ClipPPOLoss):
                 )
             raise TypeError(f"RecurrentPPOLoss got unexpected keyword arguments {unknown}{hint}")
         _check_coefficients(clip_epsilon, entropy_coeff, critic_coeff, clip_value)
+        if loss_critic_type not in _CRITIC_LOSSES:
+            # TorchRL's NotImplementedError came at the first forward
+            raise ValueError(
+                f"loss_critic_type must be one of {list(_CRITIC_LOSSES)}, got {loss_critic_type!r}"
+            )
+        if not isinstance(normalize_advantage, bool | numpy.bool_):
+            raise TypeError(
+                "normalize_advantage must be True or False, got "
+                f"{normalize_advantage!r} ({type(normalize_advantage).__name__})"
+            )
+        normalize_advantage = bool(normalize_advantage)
         # TorchRL takes floats and tensors only: a numpy number (np.float32 from a sweep) is
         # refused by some of its checks, so every real number reaches it as a float
         clip_epsilon = _as_float(clip_epsilon)
@@ -491,6 +504,15 @@ class RecurrentPPOLoss(ClipPPOLoss):
             log_weight, dist, kl_approx, log_is_weight = self._log_weight(
                 tensordict, adv_shape=advantage.shape[:-1]
             )
+        except (RuntimeError, IndexError) as err:
+            if "out of bounds" not in str(err):
+                raise
+            # an action out of a categorical's range: torch's "index 7 is out of bounds for
+            # dimension 2 with size 2" named no key
+            raise type(err)(
+                f"the stored {keys.action!r} holds an action outside the actor's action "
+                f"space: {first_line(err)}"
+            ) from err
         finally:
             self._shared_dist = None
         if isinstance(dist, torch.distributions.Categorical):

@@ -27,6 +27,7 @@ from rppo_td._validation import (
     check_not_meta,
     check_pad_to,
     check_shape,
+    check_tensordict,
     get_key,
     integer,
     none_true,
@@ -375,6 +376,7 @@ class SequenceSampler:
 
     def __call__(self, td: TensorDictBase) -> Iterator[TensorDictBase]:
         """Yields the minibatches of one epoch over ``td`` (see the class docstring)."""
+        check_tensordict(td, "SequenceSampler")
         if td.get(self.keys.loss_mask, None) is not None:
             return self._from_padded(td)
         return self._from_rollout(td)

@@ -10,6 +10,7 @@ from tensordict.utils import unravel_key
 from torchrl.envs.transforms import Transform
 
 from rppo_td._keys import DEFAULT_KEYS, RolloutKeys, as_path
+from rppo_td._validation import check_tensordict
 
 __all__ = ["RolloutTransform"]
 
@@ -176,6 +177,11 @@ class RolloutTransform(Transform):
                 f"rollout already holds {kind} there: it would be overwritten. Give the "
                 "output another key (RolloutKeys, set_keys)"
             )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args:  # Compose and ReplayBuffer call it with the tensordict first
+            check_tensordict(args[0], type(self).__name__)
+        return super().__call__(*args, **kwargs)
 
     def _repr_args(self) -> str:
         return ""

@@ -497,7 +497,7 @@ def test_memory_suite_refuses_a_flag_that_is_no_setting(capsys: pytest.CaptureFi
         (["--import-run", "poc-memory", "x", "."], "SEED must be an integer >= 0, got 'x'"),
         # rppo-train's own checks of each run's settings, before any run
         (["--tasks", "poc-memory", "--flags", "--hidden-size 0"], "--hidden-size must be"),
-        (["--tasks", "poc-memory", "--flags", "--epochs two"], "invalid int value: 'two'"),
+        (["--tasks", "poc-memory", "--flags", "--epochs two"], "'two' is not a whole number"),
     ],
 )
 def test_memory_suite_refuses_what_would_do_nothing_or_fail(

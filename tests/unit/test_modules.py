@@ -729,6 +729,45 @@ def test_an_empty_normaliser_update_changes_nothing():
     assert torch.isfinite(norm(batch)["observation"]).all()
 
 
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+    center=st.booleans(),
+)
+def test_a_normaliser_update_on_padded_sequences_counts_their_real_steps_only(lengths, center):
+    # the padding's zeros were merged as observations: mean 4.9 -> 2.9, variance 0.7 -> 6.3
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    width = max(lengths)
+    mask = torch.arange(width) < torch.tensor(lengths)[:, None]  # [N, Lp], a prefix each
+    obs = torch.zeros(len(lengths), width, 3)
+    obs[mask] = 5 + torch.randn(int(mask.sum()), 3)
+    padded = TensorDict({"observation": obs, "loss_mask": mask}, mask.shape)
+    real = TensorDict({"observation": obs[mask]}, [int(mask.sum())])
+    from_padded, from_real = (
+        ObservationNormalizer(observation_leaves(BOX), center=center) for _ in range(2)
+    )
+    from_padded.update(padded)
+    from_real.update(real)
+    torch.testing.assert_close(from_padded.state_dict(), from_real.state_dict())
+    # a renamed mask is named; a mask of another shape or dtype is refused, nothing merged
+    renamed = ObservationNormalizer(observation_leaves(BOX), center=center)
+    renamed.update(padded.rename_key_("loss_mask", "m"), loss_mask="m")
+    torch.testing.assert_close(renamed.state_dict(), from_real.state_dict())
+    before = {k: v.clone() for k, v in renamed.state_dict().items()}
+    bad = padded.clone().set("m", mask.long())
+    with pytest.raises(ValueError, match=r"'m' must be bool with the batch shape .*int64"):
+        renamed.update(bad, loss_mask="m")
+    for key, value in renamed.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_a_normaliser_update_refuses_what_is_not_a_tensordict():
+    from rppo_td.modules._normalizer import ObservationNormalizer
+
+    with pytest.raises(TypeError, match=r"ObservationNormalizer.update takes a TensorDict.*dict"):
+        ObservationNormalizer(observation_leaves(BOX)).update({"observation": torch.zeros(2, 3)})
+
+
 def test_dtype_casts_leave_the_normaliser_statistics_in_float64():
     # net.half() then net.float() cast the float64 statistics: the count overflowed to inf
     # and the variances turned NaN at the next update

@@ -705,3 +705,40 @@ def test_an_output_key_nested_under_a_tensor_is_refused_by_name(make, field):
     ):
         transform(td)
     assert td.get("advantage", None) is None  # nothing half-written
+
+
+@pytest.mark.parametrize("value", [None, {"observation": torch.zeros(2, 3)}, torch.zeros(2, 3)])
+def test_transforms_and_the_sampler_take_a_tensordict_only(value):
+    # a dict or None failed with "'dict' object has no attribute 'batch_dims'" from inside
+    from torchrl.envs import Compose
+
+    for name, call in [
+        ("GAE", GAE(gamma=0.9, lmbda=0.9)),
+        ("EpisodeSplitter", EpisodeSplitter()),
+        ("SequencePadder", SequencePadder()),
+        ("EpisodeSplitter", Compose(EpisodeSplitter(), SequencePadder())),
+        ("DeviceMover", DeviceMover("cpu")),
+        ("SequenceSampler", lambda td: list(SequenceSampler(2)(td))),
+    ]:
+        with pytest.raises(
+            TypeError, match=f"{name} takes a TensorDict .*got {type(value).__name__}"
+        ):
+            call(value)
+
+
+def test_a_value_network_that_is_no_tensordict_module_is_named():
+    # nn.Linear failed with torch's "Multiple dispatch failed for 'torch.nn.linear'"
+    td = small_rollout().exclude("state_value", ("next", "state_value"))
+    for network, message in [
+        (torch.nn.Linear(3, 1), r"GAE's value_network \(Linear, without in_keys\) failed on a"),
+        (lambda x: x["observation"], r"value_network \(function, .*returned Tensor, not a"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            GAE(gamma=0.9, lmbda=0.9, value_network=network)(td.clone())
+    # a plain callable writing the value into the tensordict still works
+    out = GAE(
+        gamma=0.9,
+        lmbda=0.9,
+        value_network=lambda x: x.set("state_value", x["observation"][..., :1]),
+    )(td.clone())
+    assert out["advantage"].shape == (*td.batch_size, 1)

@@ -412,6 +412,17 @@ def test_a_log_prob_per_action_dimension_is_refused_with_the_way_out():
     assert "action dimension" not in str(error)
 
 
+def test_an_action_outside_the_action_space_is_named():
+    # torch's "index 7 is out of bounds for dimension 2 with size 2" named no key
+    agent = make_agent("lstm")
+    loss = _loss(agent)
+    for bad in (7, -1):
+        batch = _padded(agent)
+        batch["action"][0, 0] = bad
+        with pytest.raises(RuntimeError, match=r"the stored 'action' holds an action outside"):
+            loss(batch)
+
+
 def test_make_value_estimator_returns_the_loss_for_every_estimator():
     from torchrl.objectives.utils import ValueEstimators
 
