@@ -219,10 +219,18 @@ def _check_unwritten(td: TensorDictBase, keys: RolloutKeys, who: str) -> None:
     for field in _OWN_FIELDS:
         key = getattr(keys, field)
         if td.get(key, None) is not None:
+            padded = all(td.get(getattr(keys, f), None) is not None for f in _OWN_FIELDS)
+            hint = (
+                f"; it holds all of {[getattr(keys, f) for f in _OWN_FIELDS]}, as padded "
+                f"sequences do: if their mask is not {keys.loss_mask!r}, give its name, "
+                "keys=RolloutKeys(loss_mask=...)"
+                if padded
+                else ""
+            )
             raise ValueError(
                 f"{who} got a rollout that already holds {key!r}, a key it writes "
                 f"(RolloutKeys.{field}): exclude it first (td.exclude({key!r})) or give "
-                f"{who} another name for it, keys=RolloutKeys({field}=...)"
+                f"{who} another name for it, keys=RolloutKeys({field}=...){hint}"
             )
 
 

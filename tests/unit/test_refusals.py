@@ -742,3 +742,15 @@ def test_a_value_network_that_is_no_tensordict_module_is_named():
         value_network=lambda x: x.set("state_value", x["observation"][..., :1]),
     )(td.clone())
     assert out["advantage"].shape == (*td.batch_size, 1)
+
+
+def test_padded_sequences_with_a_renamed_mask_are_told_to_name_it():
+    # the sampler said only "exclude 'worker_index' first", which is refused again later
+    padded = SequencePadder(keys=RolloutKeys(loss_mask="m"))(_chunked())
+    with pytest.raises(ValueError, match=r"as padded sequences do: if their mask is not 'loss_"):
+        list(SequenceSampler(2)(padded))
+    minibatches = list(SequenceSampler(2, keys=RolloutKeys(loss_mask="m"))(padded))
+    assert sum(int(mb["m"].sum()) for mb in minibatches) == padded["m"].sum()
+    # a rollout holding one of the keys only gets no such hint
+    with pytest.raises(ValueError, match=r"keys=RolloutKeys\(worker_index=...\)$"):
+        list(SequenceSampler(2)(_chunked().set("worker_index", torch.zeros(2, 5))))
