@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # annotations only: the functional layer imports torch alone
     from tensordict import NestedKey, TensorDictBase
 
 __all__ = [
+    "MissingKeyError",
     "check_balance",
     "check_device",
     "check_dtype",
@@ -28,26 +29,25 @@ __all__ = [
     "check_generator",
     "check_key_list",
     "check_not_meta",
-    "check_tensordict",
     "check_not_padded",
     "check_sequence_length",
     "check_shape",
+    "check_tensor_leaf",
+    "check_tensordict",
     "check_tensors",
     "check_time_dim",
-    "check_tensor_leaf",
     "check_unit_interval",
     "check_value_network",
     "check_values",
     "done_consistent",
     "get_key",
-    "MissingKeyError",
     "implies",
     "integer",
     "is_integer",
     "none_true",
+    "optional_count",
     "rollout_shape",
     "tensor_leaves",
-    "optional_count",
     "whole_at_least",
 ]
 
