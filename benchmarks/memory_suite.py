@@ -221,6 +221,8 @@ PRESET_CHANGES: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("2026-12-02T16:34:16+00:00", "cartpole-novel", {"epochs": "5"}),
     # (centring, the default until 2026-12-04, is in every earlier run's overrides already)
     ("2026-12-06T16:13:15+00:00", "cartpole-novel", {"learning-rate": "0.003"}),
+    # rl-zoo's gamma 0.9 missed -200 on seeds 3 and 4; 0.95 reached it on seeds 0-9
+    ("2026-12-08T00:59:40+00:00", "pendulum-novel", {"gamma": "0.9"}),
 )
 
 
