@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import re
 import typing
 from importlib import resources
@@ -138,19 +137,13 @@ def _yaml_number(name: str, value: Any) -> Any:
 def integer_flag(text: str) -> int:
     """An integer flag's value: digits, or a whole number in float notation (``1e5``)."""
     try:
-        return int(text)
+        return int(text)  # digits exactly, however many
     except ValueError:
         pass
     whole = whole_number(text)
-    if whole is not None:
-        return whole
-    try:
-        big = math.isfinite(float(text)) and abs(float(text)) > 2**53
-    except ValueError:
-        big = False
-    if big:  # 1e300: whole, but a float this large may not be the number meant
-        raise argparse.ArgumentTypeError(f"{text!r} is beyond 2**53: write it in digits")
-    raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if whole is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return whole
 
 
 class _Once(argparse.Action):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import functools
 import logging
@@ -150,7 +151,7 @@ def _check_field(f: dataclasses.Field, hint: Any, value: Any) -> None:
         raise ValueError(f"{name} must be {what}{bound}, got {_brief(value)}")
 
 
-# the largest magnitude below which every whole float is one integer exactly
+# floats from 2**53 on are 2 or more apart: such a float may not be the number meant
 _EXACT_FLOAT_INT = 2**53
 
 
@@ -158,17 +159,22 @@ def whole_number(value: object) -> int | None:
     """``value`` as an ``int`` where it is a whole number written as a float, else ``None``.
 
     ``1e5`` and ``100000.0`` (a float, or the text of one: YAML 1.1 reads ``1e5`` as a
-    string) are the count 100000; ``1.5``, ``nan``, ``inf`` and floats beyond 2**53 (which
-    may not be the number written) are not, nor are bools, ints or other text.
+    string) are the count 100000. Text is read exactly (``"1e20"`` is 10**20; ``"2.5"`` and
+    ``"4503599627370495.5"`` are not whole, though the latter rounds to a whole float); a float
+    must be below 2**53 in magnitude (beyond, it may be the rounding of another number).
+    ``nan``, ``inf``, bools, ints and other text are not.
     """
     if isinstance(value, str):
         try:
-            value = float(value)
-        except ValueError:
+            exact = decimal.Decimal(value.strip())
+        except decimal.InvalidOperation:
             return None
+        if not exact.is_finite() or exact != exact.to_integral_value():
+            return None
+        return int(exact)
     if not isinstance(value, float) or not _finite(value) or not value.is_integer():
         return None
-    return int(value) if abs(value) <= _EXACT_FLOAT_INT else None
+    return int(value) if abs(value) < _EXACT_FLOAT_INT else None
 
 
 def _finite(value: float) -> bool:

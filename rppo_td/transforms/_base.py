@@ -183,6 +183,12 @@ class RolloutTransform(Transform):
             check_tensordict(args[0], type(self).__name__)
         return super().__call__(*args, **kwargs)
 
+    def inv(self, tensordict: TensorDictBase) -> TensorDictBase:
+        # TorchRL's inv reads a non-tensordict as keyword arguments: "takes 2 positional
+        # arguments but 3 were given"
+        check_tensordict(tensordict, f"{type(self).__name__}.inv")
+        return super().inv(tensordict)
+
     def _repr_args(self) -> str:
         return ""
 

@@ -15,7 +15,6 @@ from rppo_td._validation import (
     check_pad_to,
     check_shape,
     check_tensor_leaf,
-    check_tensordict,
     get_key,
     none_true,
 )
@@ -125,7 +124,6 @@ class SequencePadder(RolloutTransform):
         return gather_sequences(layout, tensordict, self.keys, pool=self._pool, lazy=True)
 
     def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
-        check_tensordict(tensordict, "SequencePadder.inv")
         keys = self.keys
         if tensordict.get(keys.loss_mask, None) is None:
             return tensordict

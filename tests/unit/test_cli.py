@@ -721,7 +721,7 @@ def test_whole_number_is_the_int_a_float_names_exactly(value):
     from rppo_td.train._config import whole_number
 
     whole = whole_number(value)
-    exact = math.isfinite(value) and value.is_integer() and abs(value) <= 2**53
+    exact = math.isfinite(value) and value.is_integer() and abs(value) < 2**53
     assert (whole is not None) == exact
     if exact:
         assert type(whole) is int and whole == value
@@ -743,7 +743,33 @@ def test_counts_written_in_float_notation_are_read_as_counts(tmp_path, capsys):
     assert TrainConfig(total_steps=1e5).total_steps == 100_000
     # not whole, or too large to be the number written: refused by name
     assert "'2.5e0' is not a whole number" in _error(capsys, ["--total-steps", "2.5e0"])
-    assert "'1e300' is beyond 2**53: write it in digits" in _error(capsys, ["--seed", "1e300"])
+    assert "--seed must be an integer in [0, 4294967295], got an integer of 301 digits" in _error(
+        capsys, ["--seed", "1e300"]
+    )
+    # text is read exactly: digits past 2**53 stay themselves, a fraction that rounds to a
+    # whole float is no whole number, a float at 2**53 may be the rounding of another
+    from rppo_td.train._cli import integer_flag
+    from rppo_td.train._config import whole_number
+
+    assert integer_flag("9007199254740993") == 2**53 + 1
+    assert integer_flag("9.007199254740993e15") == 2**53 + 1
+    assert integer_flag("1e20") == 10**20
+    assert "'4503599627370495.5' is not a whole number" in _error(
+        capsys, ["--total-steps", "4503599627370495.5"]
+    )
+    assert whole_number(2.0**53) is None and whole_number(2.0**53 - 1) == 2**53 - 1
+    # rppo-eval's integer flags read the same way (parsed, then the checkpoint is missing)
+    from rppo_td.train._evaluate import main as evaluate
+
+    given = ["--episodes", "2e1", "--seed", "1e4", "--threads", "2.0", "--max-episode-steps"]
+    given += ["5e2", "--video", str(tmp_path / "v.gif"), "--video-episodes", "1e0"]
+    with pytest.raises(SystemExit):
+        evaluate(["--checkpoint", str(tmp_path / "none"), *given])
+    assert "rppo-eval: error: no checkpoint at" in capsys.readouterr().err
+    for flag in ("--episodes", "--seed", "--threads", "--max-episode-steps", "--video-episodes"):
+        with pytest.raises(SystemExit):
+            evaluate(["--checkpoint", str(tmp_path / "none"), flag, "2.5"])
+        assert f"argument {flag}: '2.5' is not a whole number" in capsys.readouterr().err
     path = tmp_path / "half.yaml"
     path.write_text("total_steps: 2000.5\n")
     assert "total_steps must be an integer in [1, " in _error(capsys, ["--config", str(path)])

@@ -757,6 +757,10 @@ def test_a_normaliser_update_on_padded_sequences_counts_their_real_steps_only(le
     bad = padded.clone().set("m", mask.long())
     with pytest.raises(ValueError, match=r"'m' must be bool with the batch shape .*int64"):
         renamed.update(bad, loss_mask="m")
+    wide = padded.clone()
+    wide.batch_size = mask.shape[:1]  # a [N] batch: the [N, Lp] mask is not its shape
+    with pytest.raises(ValueError, match=r"'m' must be bool with the batch shape \[\d+\]"):
+        renamed.update(wide, loss_mask="m")
     for key, value in renamed.state_dict().items():
         assert torch.equal(value, before[key]), key
 

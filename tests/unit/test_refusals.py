@@ -718,6 +718,7 @@ def test_transforms_and_the_sampler_take_a_tensordict_only(value):
         ("SequencePadder", SequencePadder()),
         ("EpisodeSplitter", Compose(EpisodeSplitter(), SequencePadder())),
         ("DeviceMover", DeviceMover("cpu")),
+        ("SequencePadder.inv", SequencePadder().inv),
         ("SequenceSampler", lambda td: list(SequenceSampler(2)(td))),
     ]:
         with pytest.raises(
@@ -735,6 +736,19 @@ def test_a_value_network_that_is_no_tensordict_module_is_named():
     ]:
         with pytest.raises(TypeError, match=message):
             GAE(gamma=0.9, lmbda=0.9, value_network=network)(td.clone())
+    # with V(o_t) given, only the next values are computed: the same refusal
+    half = small_rollout().exclude(("next", "state_value"))
+    with pytest.raises(TypeError, match=r"value_network \(Linear, without in_keys\) failed"):
+        GAE(gamma=0.9, lmbda=0.9, value_network=torch.nn.Linear(3, 1))(half)
+    # a TensorDict module's own TypeError is its own, not relabelled
+    from tensordict.nn import TensorDictModule
+
+    def broken(observation):
+        raise TypeError("broken inside")
+
+    module = TensorDictModule(broken, in_keys=["observation"], out_keys=["state_value"])
+    with pytest.raises(TypeError, match=r"^broken inside$"):
+        GAE(gamma=0.9, lmbda=0.9, value_network=module)(td.clone())
     # a plain callable writing the value into the tensordict still works
     out = GAE(
         gamma=0.9,

@@ -412,6 +412,20 @@ def test_a_log_prob_per_action_dimension_is_refused_with_the_way_out():
     assert "action dimension" not in str(error)
 
 
+def test_critic_loss_type_and_normalize_advantage_are_checked_at_construction():
+    # "l3" failed at the first forward (TorchRL's NotImplementedError); "yes" was truthy
+    import numpy as np
+
+    agent = make_agent("lstm")
+    with pytest.raises(ValueError, match=r"loss_critic_type must be one of \['l1', 'l2', "):
+        RecurrentPPOLoss(agent.actor, agent.critic, loss_critic_type="l3")
+    for bad in ("yes", 1, None):
+        with pytest.raises(TypeError, match="normalize_advantage must be True or False"):
+            RecurrentPPOLoss(agent.actor, agent.critic, normalize_advantage=bad)
+    loss = RecurrentPPOLoss(agent.actor, agent.critic, normalize_advantage=np.bool_(True))
+    assert loss.normalize_advantage is True
+
+
 def test_an_action_outside_the_action_space_is_named():
     # torch's "index 7 is out of bounds for dimension 2 with size 2" named no key
     agent = make_agent("lstm")
