@@ -412,6 +412,23 @@ def test_a_log_prob_per_action_dimension_is_refused_with_the_way_out():
     assert "action dimension" not in str(error)
 
 
+def test_only_an_out_of_bounds_failure_of_the_log_prob_is_read_as_a_bad_action(monkeypatch):
+    agent = make_agent("lstm")
+    loss = _loss(agent)
+    for error, message in [
+        (RuntimeError("something else"), r"^something else$"),
+        (IndexError("index 9 is out of bounds for dimension 0"), r"^the stored 'action' holds"),
+        (RuntimeError("index 9 is out of bounds for dimension 2"), r"^the stored 'action' holds"),
+    ]:
+
+        def fail(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(loss, "_log_weight", fail)
+        with pytest.raises(type(error), match=message):
+            loss(_padded(agent))
+
+
 def test_critic_loss_type_and_normalize_advantage_are_checked_at_construction():
     # "l3" failed at the first forward (TorchRL's NotImplementedError); "yes" was truthy
     import numpy as np
