@@ -216,12 +216,12 @@ class SequenceLayout:
 def _check_unwritten(td: TensorDictBase, keys: RolloutKeys, who: str) -> None:
     """Refuses a rollout holding a key the gather writes: padded, or one of ``_OWN_FIELDS``."""
     check_not_padded(td, keys.loss_mask, who)
-    for field in _OWN_FIELDS:
-        key = getattr(keys, field)
+    own = [getattr(keys, field) for field in _OWN_FIELDS]
+    for field, key in zip(_OWN_FIELDS, own, strict=True):
         if td.get(key, None) is not None:
-            padded = all(td.get(getattr(keys, f), None) is not None for f in _OWN_FIELDS)
+            padded = all(td.get(name, None) is not None for name in own)
             hint = (
-                f"; it holds all of {[getattr(keys, f) for f in _OWN_FIELDS]}, as padded "
+                f"; it holds all of {own}, as padded "
                 f"sequences do: if their mask is not {keys.loss_mask!r}, give its name, "
                 "keys=RolloutKeys(loss_mask=...)"
                 if padded

@@ -165,7 +165,7 @@ class ObservationNormalizer(nn.Module):
                 got = (
                     f"{mask.dtype} {list(mask.shape)}"
                     if isinstance(mask, torch.Tensor)
-                    else (type(mask).__name__)
+                    else type(mask).__name__
                 )
                 raise ValueError(
                     f"ObservationNormalizer.update: {loss_mask!r} must be bool with the batch "

@@ -135,11 +135,10 @@ def _yaml_number(name: str, value: Any) -> Any:
 
 
 def integer_flag(text: str) -> int:
-    """An integer flag's value: digits, or a whole number in float notation (``1e5``)."""
-    try:
-        return int(text)  # digits exactly, however many
-    except ValueError:
-        pass
+    """An integer flag's value: digits, or a whole number in float notation (``1e5``).
+
+    ``whole_number`` reads the text exactly, digits however many included.
+    """
     whole = whole_number(text)
     if whole is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")

@@ -162,7 +162,8 @@ def whole_number(value: object) -> int | None:
     string) are the count 100000. Text is read exactly (``"1e20"`` is 10**20; ``"2.5"`` and
     ``"4503599627370495.5"`` are not whole, though the latter rounds to a whole float); a float
     must be below 2**53 in magnitude (beyond, it may be the rounding of another number).
-    ``nan``, ``inf``, bools, ints and other text are not.
+    Text of digits is its integer; ``nan``, ``inf``, other text, bools and ints (counts
+    already) give ``None``.
     """
     if isinstance(value, str):
         try:
